@@ -1,0 +1,1 @@
+"""Engines: ONNX (or a PyTorch definition) -> optimized, serialized, cached engine -> N runnable instances."""

