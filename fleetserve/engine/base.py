@@ -16,6 +16,8 @@ from typing import Protocol, runtime_checkable
 
 import numpy as np
 
+from fleetserve.errors import FleetserveError
+
 
 class Precision(enum.StrEnum):
     FP32 = "fp32"
@@ -25,7 +27,7 @@ class Precision(enum.StrEnum):
     FP8 = "fp8"
 
 
-class EngineError(RuntimeError):
+class EngineError(FleetserveError):
     """A build or load failed for a reason the user can act on; the message says which."""
 
 

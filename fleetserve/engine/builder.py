@@ -67,14 +67,21 @@ def _runner(session_or_engine: ort.InferenceSession | Engine) -> Callable[[Mappi
         sess = session_or_engine
         names = [o.name for o in sess.get_outputs()]
         wanted = {i.name for i in sess.get_inputs()}
-        return lambda feed: dict(zip(names, sess.run(names, {k: v for k, v in feed.items() if k in wanted})))
+        def run(feed: Mapping[str, np.ndarray]) -> dict[str, np.ndarray]:
+            outs = sess.run(names, {k: v for k, v in feed.items() if k in wanted})
+            return dict(zip(names, outs, strict=True))
+
+        return run
     inst = session_or_engine.instance()
     return lambda feed: inst.infer(feed)
 
 
 def build(config: EngineConfig, *, quiet: bool = False, store: ModelStore | None = None) -> BuiltEngine:
-    steps = tqdm(total=4, desc="build", disable=quiet, unit="step", leave=False)
-    store = store or ModelStore(config.home)
+    with tqdm(total=4, desc="build", disable=quiet, unit="step", leave=False) as steps:
+        return _build(config, steps, store or ModelStore(config.home))
+
+
+def _build(config: EngineConfig, steps: tqdm, store: ModelStore) -> BuiltEngine:
     steps.set_description("export/resolve model")
     model = store.resolve(config.model)
     steps.update()
@@ -103,7 +110,6 @@ def build(config: EngineConfig, *, quiet: bool = False, store: ModelStore | None
     cache = engine_cache(config)
     entry = cache.get(key)
     if entry is not None:
-        steps.close()
         return BuiltEngine(key, entry, _read_report(entry), True, model, backend, profile)
 
     if model.tokenizer_path is not None:
@@ -125,7 +131,6 @@ def build(config: EngineConfig, *, quiet: bool = False, store: ModelStore | None
 
     entry = cache.put(key, do_build)
     steps.update()
-    steps.close()
     return BuiltEngine(key, entry, _read_report(entry), False, model, backend, profile)
 
 

@@ -66,4 +66,5 @@ def get_zoo_model(name: str) -> ZooModel:
     try:
         return ZOO[name]
     except KeyError:
-        raise ModelNotFound(f"unknown model {name!r}; valid models: {', '.join(ZOO)} or a path to an .onnx file") from None
+        valid = ", ".join(ZOO)
+        raise ModelNotFound(f"unknown model {name!r}; valid models: {valid} or a path to an .onnx file") from None

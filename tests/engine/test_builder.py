@@ -1,0 +1,111 @@
+from __future__ import annotations
+
+import shutil
+import threading
+import time
+
+import numpy as np
+import pytest
+
+from fleetserve.config import EngineConfig
+from fleetserve.engine.base import EngineError, Precision
+from fleetserve.engine.builder import build, engine_cache
+from fleetserve.engine.calibration import calibration_texts
+from fleetserve.models.store import ModelStore
+from fleetserve.models.tokenizer import TextTokenizer
+from tests.conftest import needs_torch
+
+
+def _encode(model: str, texts: list[str]) -> dict[str, np.ndarray]:
+    stored = ModelStore().resolve(model)
+    assert stored.tokenizer_path is not None
+    return TextTokenizer(stored.tokenizer_path, 128).encode(texts).as_inputs()
+
+
+def test_build_then_cache_hit_fast() -> None:
+    cfg = EngineConfig(model="tiny", precision=Precision.FP32)
+    first = build(cfg, quiet=True)
+    t0 = time.perf_counter()
+    second = build(cfg, quiet=True)
+    assert second.cache_hit and second.key == first.key
+    assert time.perf_counter() - t0 < 1.0
+
+
+def test_int8_build_reports_accuracy_and_differs_in_key() -> None:
+    fp32 = build(EngineConfig(model="tiny"), quiet=True)
+    int8 = build(EngineConfig(model="tiny", precision=Precision.INT8), quiet=True)
+    assert int8.key != fp32.key
+    acc = int8.report["accuracy"]
+    assert isinstance(acc, dict) and 0.99 <= acc["mean_cosine"] <= 1.0 and acc["min_cosine"] <= acc["mean_cosine"]
+    assert "dynamic" in str(int8.report["method"])
+
+
+def test_accuracy_gate_refuses_to_cache() -> None:
+    cfg = EngineConfig(model="tiny", precision=Precision.INT8, accuracy_threshold=1.0, max_batch=7)
+    with pytest.raises(EngineError, match="not accurate enough"):
+        build(cfg, quiet=True)
+    assert not any(str(e.meta.get("profile", "")).startswith("b7-") for e in engine_cache(cfg).entries())
+
+
+def test_corrupt_cached_engine_is_rebuilt() -> None:
+    cfg = EngineConfig(model="tiny", max_batch=5)
+    built = build(cfg, quiet=True)
+    (built.entry.directory / "model.onnx").write_bytes(b"corrupt")
+    again = build(cfg, quiet=True)
+    assert not again.cache_hit
+    engine = again.load()
+    out = engine.instance().infer(_encode("tiny", ["hello world"]))
+    assert out["sentence_embedding"].shape == (1, 32)
+
+
+def test_unsupported_precision_is_a_clear_error() -> None:
+    with pytest.raises(EngineError, match="does not support fp16 on cpu"):
+        build(EngineConfig(model="tiny", precision=Precision.FP16), quiet=True)
+
+
+def test_instances_run_concurrently_and_agree() -> None:
+    engine = build(EngineConfig(model="tiny"), quiet=True).load(threads=1)
+    feed = _encode("tiny", ["cheap running shoes", "best coffee grinder under 50 dollars"])
+    expected = engine.instance().infer(feed)["sentence_embedding"]
+    results: list[np.ndarray] = []
+    instances = [engine.instance() for _ in range(3)]
+
+    def work(inst: object) -> None:
+        for _ in range(20):
+            results.append(inst.infer(feed)["sentence_embedding"])  # type: ignore[attr-defined]
+
+    threads = [threading.Thread(target=work, args=(i,)) for i in instances]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert len(results) == 60
+    for r in results:
+        np.testing.assert_allclose(r, expected, atol=1e-6)
+
+
+def test_calibration_default_excludes_held_out() -> None:
+    from fleetserve.engine.calibration import held_out_texts
+
+    assert not set(calibration_texts()) & set(held_out_texts())
+
+
+@needs_torch
+def test_minilm_fusions_and_int8_accuracy() -> None:
+    fp32 = build(EngineConfig(model="minilm"), quiet=True)
+    fusions = fp32.report["fusions"]
+    assert isinstance(fusions, dict)
+    for op in ("Attention", "SkipLayerNormalization", "BiasGelu", "EmbedLayerNormalization"):
+        assert fusions.get(op, 0) >= 1, f"{op} fusion missing: {fusions}"
+    int8 = build(EngineConfig(model="minilm", precision=Precision.INT8), quiet=True)
+    acc = int8.report["accuracy"]
+    assert isinstance(acc, dict) and acc["mean_cosine"] >= 0.99
+
+
+def test_model_path_build(tmp_path: object) -> None:
+    stored = ModelStore().resolve("tiny")
+    dest = tmp_path / "mine.onnx"  # type: ignore[operator]
+    shutil.copy(stored.onnx_path, dest)
+    built = build(EngineConfig(model=str(dest)), quiet=True)
+    assert built.model.name == "mine"
+    assert built.load().instance().infer(_encode("tiny", ["x"]))["sentence_embedding"].shape == (1, 32)
