@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import argparse
 import importlib
-import logging
 import os
 import sys
 from collections.abc import Sequence
@@ -20,6 +19,7 @@ from typing import Any
 
 from fleetserve import __version__
 from fleetserve.errors import FleetserveError
+from fleetserve.telemetry import logs
 
 COMMANDS: dict[str, tuple[str, str]] = {
     "build": ("fleetserve.engine.command", "build an optimized engine (cached) from a zoo model or ONNX file"),
@@ -94,10 +94,7 @@ def _top_parser() -> argparse.ArgumentParser:
 
 def main(argv: Sequence[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
-    logging.basicConfig(
-        level=os.environ.get("FLEETSERVE_LOG_LEVEL", "INFO").upper(),
-        format="%(asctime)s %(levelname)s %(name)s %(message)s",
-    )
+    logs.install(os.environ.get("FLEETSERVE_LOG_LEVEL", "INFO"))
     top = _top_parser()
     if not argv or argv[0] not in COMMANDS:
         top.parse_args(argv[:1] or ["--help"])

@@ -40,3 +40,39 @@ class EngineConfig:
     def profile(self, model_max_seq: int) -> ShapeProfile:
         max_seq = min(self.max_seq or model_max_seq, model_max_seq)
         return ShapeProfile(max_batch=self.max_batch, max_seq=max_seq)
+
+
+@dataclass(frozen=True)
+class ReplicaConfig:
+    """One replica process (``fleetserve serve``): engine, batcher, servers and lifecycle."""
+
+    engine: EngineConfig = field(default_factory=EngineConfig)
+    host: str = "0.0.0.0"
+    port: int = 8000
+    grpc_port: int = 8001  # 0 = no gRPC server
+    model_name: str | None = None  # name served under /v2/models/{name}; default: the model's name
+    instances: int = 1
+    threads: int = 0  # intra-op threads per instance; 0 = cores // instances
+    max_batch: int = 32
+    max_delay_ms: float = 2.0
+    preferred_batch_sizes: tuple[int, ...] = ()
+    max_queue: int = 1024
+    default_timeout_ms: float | None = None
+    max_body_bytes: int = 16 * 1024 * 1024
+    drain_grace_s: float = 5.0
+    drain_timeout_s: float = 30.0
+    extra_latency_ms: float = 0.0  # fault injection: added service time per request (a slow GPU)
+
+    def __post_init__(self) -> None:
+        for name in ("port", "grpc_port"):
+            value = getattr(self, name)
+            if not 0 <= value <= 65535:
+                raise ValueError(f"{name} must be in 0..65535, got {value}")
+        if self.instances < 1:
+            raise ValueError(f"instances must be >= 1, got {self.instances}")
+        if self.max_batch > self.engine.max_batch:
+            raise ValueError(f"max_batch {self.max_batch} exceeds the engine's max_batch {self.engine.max_batch}")
+        if self.max_delay_ms < 0 or self.drain_grace_s < 0 or self.drain_timeout_s <= 0 or self.extra_latency_ms < 0:
+            raise ValueError("delays and timeouts must be non-negative (drain timeout positive)")
+        if self.max_body_bytes < 1024:
+            raise ValueError(f"max_body_bytes must be >= 1024, got {self.max_body_bytes}")

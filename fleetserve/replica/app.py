@@ -1,0 +1,93 @@
+"""The replica's aiohttp application: KServe v2 routes, ``/inference``, ``/health``, ``/metrics``, and the
+per-response load report the gateway balances on.
+
+Every response carries ``X-Fleetserve-Queue-Depth`` and ``X-Fleetserve-Inflight`` (plus GPU utilisation and
+throttling where a GPU monitor runs), so the gateway's view of this replica is fresh without polling. A W3C
+``traceparent`` is continued (or started) per request and its trace id is put on the request's log lines.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Awaitable, Callable, Mapping
+
+from aiohttp import web
+
+from fleetserve.batching.worker import Batcher
+from fleetserve.gateway.tracing import IdGenerator, parse_traceparent
+from fleetserve.replica.codec import CodecLimits
+from fleetserve.replica.kserve_http import add_kserve_routes
+from fleetserve.replica.model import ModelRepository
+from fleetserve.replica.text import TextService, add_text_route
+from fleetserve.telemetry.logs import trace_id_var
+from fleetserve.telemetry.metrics import ReplicaMetrics
+
+log = logging.getLogger(__name__)
+Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
+
+COUNTED_SUFFIXES = ("/infer", "/inference")
+
+
+def build_app(
+    repo: ModelRepository,
+    batcher: Batcher,
+    metrics: ReplicaMetrics,
+    *,
+    text: TextService | None,
+    limits: CodecLimits,
+    max_body_bytes: int,
+    gpu_headers: Callable[[], Mapping[str, str]] | None = None,
+) -> web.Application:
+    ids = IdGenerator()
+    inflight = metrics.inflight.labels(metrics.model)
+
+    @web.middleware
+    async def observe(request: web.Request, handler: Handler) -> web.StreamResponse:
+        parent = parse_traceparent(request.headers.get("traceparent"))
+        trace_id = parent.trace_id if parent else ids.trace_id()
+        flags = parent.flags if parent else 0
+        token = trace_id_var.set(trace_id)
+        counted = request.path.endswith(COUNTED_SUFFIXES)
+        start = time.perf_counter()
+        status = 500
+        if counted:
+            inflight.inc()
+        try:
+            response = await handler(request)
+            status = response.status
+        except web.HTTPException as exc:
+            status = exc.status
+            raise
+        finally:
+            if counted:
+                inflight.dec()
+                metrics.observe_request(status, time.perf_counter() - start)
+            trace_id_var.reset(token)
+        response.headers["traceparent"] = f"00-{trace_id}-{ids.span_id()}-{flags:02x}"
+        return response
+
+    async def load_headers(request: web.Request, response: web.StreamResponse) -> None:
+        response.headers["X-Fleetserve-Queue-Depth"] = str(batcher.queue_depth)
+        response.headers["X-Fleetserve-Inflight"] = str(batcher.inflight)
+        if gpu_headers is not None:
+            response.headers.update(gpu_headers())
+
+    async def health(request: web.Request) -> web.Response:
+        if repo.is_ready():
+            return web.json_response({"status": "ok"})
+        state = "draining" if repo.draining else "warming up"
+        return web.json_response({"status": state}, status=503, headers={"Retry-After": "1"})
+
+    async def prometheus(request: web.Request) -> web.Response:
+        metrics.queue_depth.labels(metrics.model).set(batcher.queue_depth)
+        return web.Response(body=metrics.render(), content_type="text/plain", charset="utf-8")
+
+    app = web.Application(client_max_size=max_body_bytes, middlewares=[observe])
+    app.on_response_prepare.append(load_headers)
+    add_kserve_routes(app, repo, limits)
+    if text is not None:
+        add_text_route(app, text)
+    app.router.add_get("/health", health)
+    app.router.add_get("/metrics", prometheus)
+    return app

@@ -1,0 +1,151 @@
+"""Replica lifecycle: load (or build) the engine, listen, warm up, serve, drain on SIGTERM.
+
+Order matters for a load balancer: the process listens (``/v2/health/live`` 200) before warm-up, and turns
+ready (``/v2/health/ready``, ``/health`` 200) only once every engine instance has run every bucket shape.
+On SIGTERM/SIGINT readiness turns 503 at once; the replica keeps serving for ``drain_grace_s`` so balancers
+and Kubernetes endpoints notice, then closes its listeners, finishes everything queued and in flight, and
+exits 0 within ``drain_timeout_s`` — no accepted request is lost.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import signal
+import time
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+
+from aiohttp import web
+
+from fleetserve.batching.config import BatcherConfig
+from fleetserve.batching.worker import Batcher
+from fleetserve.config import ReplicaConfig
+from fleetserve.engine.builder import build
+from fleetserve.engine.onnxruntime import threads_per_instance
+from fleetserve.models.tokenizer import TextTokenizer
+from fleetserve.replica.codec import CodecLimits
+from fleetserve.replica.grpc_server import GrpcServerConfig, GrpcServerHandle, start_grpc_server
+from fleetserve.replica.model import ModelRepository
+from fleetserve.replica.served import BatchedModel
+from fleetserve.replica.text import TextLimits, TextService
+from fleetserve.telemetry.metrics import ReplicaMetrics
+
+log = logging.getLogger(__name__)
+
+PLATFORMS = {"onnxruntime": "onnxruntime_onnx", "tensorrt": "tensorrt_plan", "torch-cuda": "pytorch_libtorch"}
+
+
+@dataclass
+class Replica:
+    config: ReplicaConfig
+    repo: ModelRepository
+    model: BatchedModel
+    batcher: Batcher
+    metrics: ReplicaMetrics
+    runner: web.AppRunner
+    grpc: GrpcServerHandle | None
+    http_port: int
+
+    async def drain(self) -> None:
+        cfg = self.config
+        self.repo.draining = True
+        log.info("draining: not ready; serving for %.1f s more so balancers notice", cfg.drain_grace_s)
+        await asyncio.sleep(cfg.drain_grace_s)
+        deadline = time.monotonic() + cfg.drain_timeout_s
+        for site in list(self.runner.sites):
+            await site.stop()
+        await self.batcher.drain(max(0.1, deadline - time.monotonic()))
+        if self.grpc is not None:
+            await self.grpc.stop(max(0.1, deadline - time.monotonic()))
+        await self.runner.cleanup()
+        log.info("drained; exiting")
+
+
+def _gpu_headers(device: str) -> Callable[[], Mapping[str, str]] | None:
+    if not device.startswith("cuda"):
+        return None
+    try:
+        from fleetserve.telemetry.gpu import GpuMonitor
+    except ImportError:
+        return None
+    monitor = GpuMonitor.create()
+    return monitor.load_headers if monitor is not None else None
+
+
+async def start_replica(config: ReplicaConfig) -> Replica:
+    built = await asyncio.to_thread(build, config.engine, quiet=True)
+    engine = await asyncio.to_thread(built.load, config.threads or threads_per_instance(config.instances))
+    name = config.model_name or built.model.name
+    metrics = ReplicaMetrics(name)
+    metrics.instances.labels(name).set(config.instances)
+    batcher = Batcher(
+        engine,
+        BatcherConfig(
+            max_batch=config.max_batch, max_delay_s=config.max_delay_ms / 1000,
+            preferred_batch_sizes=config.preferred_batch_sizes, max_queue=config.max_queue,
+            default_timeout_s=config.default_timeout_ms / 1000 if config.default_timeout_ms else None,
+        ),
+        instances=config.instances, observer=metrics,
+    )
+    await batcher.start()
+    model = BatchedModel(
+        name, batcher, engine.inputs, engine.outputs, config.max_batch,
+        PLATFORMS.get(built.backend.name, built.backend.name), extra_latency_s=config.extra_latency_ms / 1000,
+    )
+    repo = ModelRepository([model])
+    text = None
+    meta = built.model.meta
+    if built.model.tokenizer_path is not None and meta is not None and meta.embedding_output:
+        tokenizer = TextTokenizer(built.model.tokenizer_path, built.profile.max_seq)
+        text = TextService(model, tokenizer, meta.embedding_output, TextLimits(),
+                           on_truncated=metrics.truncated.labels(name).inc)
+    limits = CodecLimits(max_json_bytes=config.max_body_bytes, max_total_bytes=4 * config.max_body_bytes)
+    from fleetserve.replica.app import build_app
+
+    app = build_app(repo, batcher, metrics, text=text, limits=limits, max_body_bytes=config.max_body_bytes,
+                    gpu_headers=_gpu_headers(config.engine.device))
+    runner = web.AppRunner(app, access_log=None, handle_signals=False, shutdown_timeout=config.drain_timeout_s)
+    await runner.setup()
+    site = web.TCPSite(runner, config.host, config.port, backlog=1024)
+    await site.start()
+    http_port = runner.addresses[0][1]
+    grpc = None
+    if config.grpc_port:
+        grpc = await start_grpc_server(repo, GrpcServerConfig(config.host, config.grpc_port), limits)
+    return Replica(config, repo, model, batcher, metrics, runner, grpc, http_port)
+
+
+async def serve(config: ReplicaConfig) -> int:
+    stop = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        loop.add_signal_handler(sig, stop.set)
+    replica = await start_replica(config)
+    grpc_note = f" grpc {config.host}:{replica.grpc.port}" if replica.grpc else ""
+    log.info("listening on http://%s:%d%s; warming up", config.host, replica.http_port, grpc_note)
+    t0 = time.perf_counter()
+    warm = asyncio.create_task(replica.batcher.warmup())
+    done, _ = await asyncio.wait({warm, asyncio.create_task(stop.wait())}, return_when=asyncio.FIRST_COMPLETED)
+    if warm in done:
+        warm.result()
+        replica.model.warm = True
+        log.info("ready: model %s warm on %d shapes in %.1f s", replica.model.name,
+                 len(replica.batcher.warmup_shapes), time.perf_counter() - t0)
+        # Parsed by `fleetserve up` and the tests.
+        print(f"fleetserve replica ready http://{config.host}:{replica.http_port}", flush=True)
+        await stop.wait()
+    await replica.drain()
+    if not warm.done():
+        warm.cancel()
+    return 0
+
+
+def run(config: ReplicaConfig) -> int:
+    try:
+        import uvloop
+
+        uvloop.install()
+    except ImportError:
+        pass
+    return asyncio.run(serve(config))

@@ -1,0 +1,116 @@
+"""``POST /inference``: text in, results out — the seed's simple route, tokenization on the server.
+
+``{"texts": [...]}`` returns ``{"embeddings": [[...]], "truncated": [i, ...]}``; ``{"query": "...",
+"candidates": [...], "top_k": K}`` ranks the candidates by cosine similarity to the query (one engine
+request of 1 + N rows) and returns ``{"results": [{"index", "text", "score"}, ...]}``. Texts longer than the
+model maximum are truncated and their indices listed under ``truncated`` (documented, never silent). A call
+with more texts than one engine batch is split into batch-sized requests that run concurrently.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import numpy as np
+from aiohttp import web
+
+from fleetserve.errors import InvalidInput, PayloadTooLarge
+from fleetserve.models.tokenizer import TextTokenizer
+from fleetserve.replica.kserve_http import guarded
+from fleetserve.replica.model import ServedModel
+
+
+@dataclass(frozen=True)
+class TextLimits:
+    max_texts: int = 1024
+    max_chars: int = 100_000  # per text; tokens beyond the model maximum are truncated anyway
+
+
+class TextService:
+    def __init__(
+        self, model: ServedModel, tokenizer: TextTokenizer, embedding_output: str, limits: TextLimits,
+        on_truncated: Callable[[int], None] | None = None,
+    ) -> None:
+        self.model = model
+        self.tokenizer = tokenizer
+        self.output = embedding_output
+        self.limits = limits
+        self._chunk = max(1, model.max_batch_size)
+        self._on_truncated = on_truncated
+
+    def _texts(self, value: object, field: str) -> list[str]:
+        if not isinstance(value, list):
+            raise InvalidInput(f"'{field}' must be a list of strings")
+        if not value:
+            raise InvalidInput(f"'{field}' must not be empty")
+        if len(value) > self.limits.max_texts:
+            raise PayloadTooLarge(f"'{field}' has {len(value)} texts; the limit is {self.limits.max_texts}")
+        for i, t in enumerate(value):
+            if not isinstance(t, str):
+                raise InvalidInput(f"'{field}[{i}]' must be a string, got {type(t).__name__}")
+            if len(t) > self.limits.max_chars:
+                raise PayloadTooLarge(f"'{field}[{i}]' has {len(t)} characters; the limit is {self.limits.max_chars}")
+        return value
+
+    async def embed(
+        self, texts: list[str], priority: int | None, timeout_s: float | None
+    ) -> tuple[np.ndarray, list[int]]:
+        chunks = [texts[i : i + self._chunk] for i in range(0, len(texts), self._chunk)]
+        encoded = [self.tokenizer.encode(c) for c in chunks]
+        results = await asyncio.gather(
+            *(self.model.infer(e.as_inputs(), priority=priority, timeout_s=timeout_s) for e in encoded)
+        )
+        embeddings = np.concatenate([r[self.output] for r in results])
+        truncated = [i for i, flag in enumerate(f for e in encoded for f in e.truncated) if flag]
+        if truncated and self._on_truncated is not None:
+            self._on_truncated(len(truncated))
+        return embeddings, truncated
+
+    async def handle(self, body: dict[str, object]) -> dict[str, object]:
+        priority = body.get("priority")
+        if priority is not None and (not isinstance(priority, int) or isinstance(priority, bool)):
+            raise InvalidInput("'priority' must be an integer")
+        timeout_ms = body.get("timeout_ms")
+        if timeout_ms is not None and (not isinstance(timeout_ms, int | float) or timeout_ms <= 0):
+            raise InvalidInput("'timeout_ms' must be a positive number")
+        timeout_s = timeout_ms / 1000 if timeout_ms else None
+        if "texts" in body:
+            texts = self._texts(body["texts"], "texts")
+            emb, truncated = await self.embed(texts, priority, timeout_s)
+            return {"embeddings": emb.tolist(), "truncated": truncated}
+        if "query" in body:
+            query = body["query"]
+            if not isinstance(query, str) or not query:
+                raise InvalidInput("'query' must be a non-empty string")
+            candidates = self._texts(body.get("candidates"), "candidates")
+            top_k = body.get("top_k", len(candidates))
+            if not isinstance(top_k, int) or isinstance(top_k, bool) or top_k < 1:
+                raise InvalidInput("'top_k' must be a positive integer")
+            emb, truncated = await self.embed([query, *candidates], priority, timeout_s)
+            q, c = emb[0], emb[1:]
+            norms = np.linalg.norm(c, axis=1) * max(float(np.linalg.norm(q)), 1e-12)
+            scores = (c @ q) / np.maximum(norms, 1e-12)
+            order = np.argsort(-scores, kind="stable")[:top_k]
+            return {
+                "results": [{"index": int(i), "text": candidates[i], "score": float(scores[i])} for i in order],
+                "truncated": [i - 1 for i in truncated if i > 0],
+                "query_truncated": 0 in truncated,
+            }
+        raise InvalidInput("body needs 'texts' (embeddings) or 'query' + 'candidates' (ranking)")
+
+
+def add_text_route(app: web.Application, service: TextService) -> None:
+    @guarded
+    async def inference(request: web.Request) -> web.Response:
+        try:
+            body = json.loads(await request.read())
+        except (ValueError, UnicodeDecodeError) as exc:
+            raise InvalidInput(f"body is not valid JSON: {exc}") from None
+        if not isinstance(body, dict):
+            raise InvalidInput("body must be a JSON object")
+        return web.json_response(await service.handle(body))
+
+    app.router.add_post("/inference", inference)

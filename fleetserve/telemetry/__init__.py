@@ -1,0 +1,1 @@
+"""Telemetry: Prometheus metrics, GPU statistics (NVML) and W3C trace context."""

@@ -1,0 +1,70 @@
+"""Replica Prometheus metrics, created once per process on their own registry and passed in.
+
+Names follow DESIGN.md: ``fleetserve_request_duration_seconds{model,stage=queue|compute|total}``,
+``fleetserve_batch_size``, ``fleetserve_queue_depth``, ``fleetserve_inflight_requests``,
+``fleetserve_requests_total{model,code}``. The object doubles as the batcher's ``BatchObserver``.
+"""
+
+from __future__ import annotations
+
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, disable_created_metrics, generate_latest
+from prometheus_client.process_collector import ProcessCollector
+
+# Inference latencies span ~100 µs (tiny model) to seconds (long documents on CPU).
+LATENCY_BUCKETS = (0.0005, 0.001, 0.002, 0.005, 0.01, 0.02, 0.05, 0.1, 0.2, 0.5, 1.0, 2.0, 5.0, 10.0)
+# The *_created series double the exposition size and no dashboard here uses them.
+disable_created_metrics()
+
+BATCH_BUCKETS = (1, 2, 4, 8, 16, 32, 64, 128, 256, 512)
+
+
+class ReplicaMetrics:
+    def __init__(self, model: str, registry: CollectorRegistry | None = None) -> None:
+        self.registry = registry or CollectorRegistry()
+        self.model = model
+        ProcessCollector(registry=self.registry)
+        r = self.registry
+        self.requests = Counter("fleetserve_requests", "Requests answered, by HTTP/gRPC status code",
+                                ["model", "code"], registry=r)
+        self.duration = Histogram("fleetserve_request_duration_seconds", "Request time by stage",
+                                  ["model", "stage"], buckets=LATENCY_BUCKETS, registry=r)
+        self.batch_size = Histogram("fleetserve_batch_size", "Rows per engine call", ["model"],
+                                    buckets=BATCH_BUCKETS, registry=r)
+        self.batch_seq = Histogram("fleetserve_batch_sequence_length", "Padded sequence length per engine call",
+                                   ["model"], buckets=(16, 32, 64, 128, 256, 512, 1024), registry=r)
+        self.queue_depth = Gauge("fleetserve_queue_depth", "Rows waiting in the batcher queue", ["model"], registry=r)
+        self.inflight = Gauge("fleetserve_inflight_requests", "Requests being handled", ["model"], registry=r)
+        self.instances = Gauge("fleetserve_engine_instances", "Engine instances", ["model"], registry=r)
+        self.expired = Counter("fleetserve_requests_expired", "Requests whose queue timeout passed before running",
+                               ["model"], registry=r)
+        self.rejected = Counter("fleetserve_requests_rejected", "Requests refused because the queue was full",
+                                ["model"], registry=r)
+        self.truncated = Counter("fleetserve_texts_truncated", "Texts truncated at the model's maximum length",
+                                 ["model"], registry=r)
+        self._queue_h = self.duration.labels(model, "queue")
+        self._compute_h = self.duration.labels(model, "compute")
+        self._total_h = self.duration.labels(model, "total")
+        self._batch_h = self.batch_size.labels(model)
+        self._seq_h = self.batch_seq.labels(model)
+
+    # BatchObserver
+    def on_batch(self, size: int, seq: int, queue_wait_s: list[float], compute_s: float) -> None:
+        self._batch_h.observe(size)
+        if seq:
+            self._seq_h.observe(seq)
+        for wait in queue_wait_s:
+            self._queue_h.observe(wait)
+            self._compute_h.observe(compute_s)
+
+    def on_expired(self, n: int) -> None:
+        self.expired.labels(self.model).inc(n)
+
+    def on_rejected(self) -> None:
+        self.rejected.labels(self.model).inc()
+
+    def observe_request(self, code: int | str, seconds: float) -> None:
+        self.requests.labels(self.model, str(code)).inc()
+        self._total_h.observe(seconds)
+
+    def render(self) -> bytes:
+        return generate_latest(self.registry)

@@ -1,0 +1,93 @@
+"""Start and stop real fleetserve processes on 127.0.0.1 for integration tests (only PIDs we started)."""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import signal
+import socket
+import subprocess
+import sys
+import threading
+import time
+import urllib.request
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+@dataclass
+class Proc:
+    popen: subprocess.Popen[str]
+    port: int
+    grpc_port: int = 0
+    lines: list[str] = field(default_factory=list)
+
+    @property
+    def url(self) -> str:
+        return f"http://127.0.0.1:{self.port}"
+
+    def signal(self, sig: int) -> None:
+        if self.popen.poll() is None:
+            self.popen.send_signal(sig)
+
+    def stop(self, timeout: float = 30) -> int:
+        self.signal(signal.SIGTERM)
+        try:
+            return self.popen.wait(timeout)
+        except subprocess.TimeoutExpired:
+            self.popen.kill()
+            return self.popen.wait(5)
+
+    def output(self) -> str:
+        return "".join(self.lines)
+
+
+def _pump(proc: Proc) -> None:
+    assert proc.popen.stdout is not None
+    for line in proc.popen.stdout:
+        proc.lines.append(line)
+
+
+def spawn(args: list[str], port: int, grpc_port: int = 0, env: dict[str, str] | None = None) -> Proc:
+    popen = subprocess.Popen(
+        [sys.executable, "-m", "fleetserve.cli", *args], stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+        text=True, env={**os.environ, "PYTHONUNBUFFERED": "1", **(env or {})},
+    )
+    proc = Proc(popen, port, grpc_port)
+    threading.Thread(target=_pump, args=(proc,), daemon=True).start()
+    return proc
+
+
+def wait_http(url: str, timeout: float = 60, status: int = 200, proc: Proc | None = None) -> None:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if proc is not None and proc.popen.poll() is not None:
+            raise RuntimeError(f"process exited {proc.popen.returncode}:\n{proc.output()}")
+        try:
+            with urllib.request.urlopen(url, timeout=2) as r:
+                if r.status == status:
+                    return
+        except OSError:
+            pass
+        time.sleep(0.05)
+    raise TimeoutError(f"{url} not {status} after {timeout}s" + (f"\n{proc.output()}" if proc else ""))
+
+
+@contextlib.contextmanager
+def replica(model: str = "tiny", *extra: str, grpc: bool = True, ready: bool = True) -> Iterator[Proc]:
+    port = free_port()
+    grpc_port = free_port() if grpc else 0
+    proc = spawn(["serve", model, "--host", "127.0.0.1", "--port", str(port), "--grpc-port", str(grpc_port),
+                  "--drain-grace-s", "0.2", *extra], port, grpc_port)
+    try:
+        if ready:
+            wait_http(f"{proc.url}/v2/health/ready", proc=proc)
+        yield proc
+    finally:
+        proc.stop()
