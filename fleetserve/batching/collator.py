@@ -1,0 +1,217 @@
+"""Pure collation logic of the dynamic batcher: which queued requests form the next batch, and when.
+
+No asyncio, threads or clock of its own: the caller passes ``now`` to :meth:`Collator.poll` and gets a
+:class:`Decision` (a batch to run or none, the requests whose deadline passed, and when to poll next),
+so every rule is unit-tested with a fake clock.
+
+The policy follows NVIDIA Triton's dynamic batcher (model configuration guide, "Dynamic Batcher";
+``dynamic_batch_scheduler.cc``), made aware of sequence length:
+
+- Requests are grouped by *sequence bucket* (the padded length of their longest row). A batch holds one
+  bucket, so short queries never pay for a long document's padding.
+- Within a bucket, requests are ordered by (priority, arrival); a lower priority number goes first.
+  The first request is always taken; later ones join while the batch stays within the *capacity*
+  (the largest preferred batch size, else ``max_batch``); ones that do not fit wait for the next batch.
+- A bucket is sent when a prefix of its batch hits a preferred size (the largest such prefix is sent),
+  when it cannot grow any more (its queued rows reach the capacity), or when its oldest request has
+  waited ``max_delay_s``. While draining (``flush``) every bucket is sent at once.
+- Among buckets ready together, the one whose first request has the best (priority, arrival) goes.
+- With ``promote_overdue``, spare rows of a batch sent for being full or overdue are filled with
+  requests of *shorter* buckets that have already waited past ``max_delay_s`` (they are padded up):
+  such requests would otherwise need another engine call after this one.
+- A request whose deadline passes while queued is removed and reported as expired, never dispatched.
+
+Each poll is linear in the queue length, which ``max_queue`` bounds.
+"""
+
+from __future__ import annotations
+
+import bisect
+from collections.abc import Iterable
+from dataclasses import dataclass
+from typing import Generic, TypeVar
+
+from fleetserve.batching.config import BatcherConfig
+from fleetserve.errors import Overloaded
+
+T = TypeVar("T")
+
+
+@dataclass(eq=False)
+class Pending(Generic[T]):
+    """One queued request: the caller's payload plus what the policy needs to know about it."""
+
+    payload: T
+    rows: int
+    bucket: int
+    priority: int
+    enqueued_at: float
+    deadline: float | None
+    order: int
+
+    def rank(self) -> tuple[int, float, int]:
+        return (self.priority, self.enqueued_at, self.order)
+
+
+@dataclass(frozen=True)
+class Batch(Generic[T]):
+    """Requests to run in one engine call, padded to sequence length ``seq``."""
+
+    entries: tuple[Pending[T], ...]
+    seq: int
+
+    @property
+    def rows(self) -> int:
+        return sum(e.rows for e in self.entries)
+
+
+@dataclass(frozen=True)
+class Decision(Generic[T]):
+    """What to do at ``now``: run ``batch`` (if any), answer ``expired``, poll again by ``wake_at``.
+
+    ``wake_at`` is None when only a new request or a freed instance can change anything.
+    """
+
+    batch: Batch[T] | None
+    expired: tuple[Pending[T], ...]
+    wake_at: float | None
+
+
+class Collator(Generic[T]):
+    """Queue state of the batcher; see the module docstring for the policy."""
+
+    def __init__(self, config: BatcherConfig) -> None:
+        self._config = config
+        self._preferred = frozenset(config.preferred_batch_sizes)
+        self._capacity = config.preferred_batch_sizes[-1] if config.preferred_batch_sizes else config.max_batch
+        self._buckets: dict[int, list[Pending[T]]] = {}
+        self._rows = 0
+        self._count = 0
+        self._arrivals = 0
+
+    @property
+    def queued_rows(self) -> int:
+        return self._rows
+
+    @property
+    def queued_requests(self) -> int:
+        return self._count
+
+    def push(
+        self, payload: T, *, rows: int, bucket: int, priority: int, now: float, deadline: float | None = None
+    ) -> Pending[T]:
+        """Queue a request; raises ``Overloaded`` when its rows do not fit in ``max_queue``."""
+        if not 1 <= rows <= self._config.max_batch:
+            raise ValueError(f"rows must be in 1..{self._config.max_batch}, got {rows}")
+        if self._rows + rows > self._config.max_queue:
+            raise Overloaded(f"queue full: {self._rows} of {self._config.max_queue} rows waiting; retry later")
+        entry = Pending(payload, rows, bucket, priority, now, deadline, self._arrivals)
+        self._arrivals += 1
+        bisect.insort(self._buckets.setdefault(bucket, []), entry, key=Pending.rank)
+        self._rows += rows
+        self._count += 1
+        return entry
+
+    def remove(self, entry: Pending[T]) -> bool:
+        """Take a still-queued request out (its caller gave up); False if it already left the queue."""
+        queue = self._buckets.get(entry.bucket, [])
+        if not any(e is entry for e in queue):
+            return False
+        self._take([entry])
+        return True
+
+    def clear(self) -> list[Pending[T]]:
+        """Empty the queue and return everything that was in it."""
+        entries = [e for queue in self._buckets.values() for e in queue]
+        self._take(entries)
+        return entries
+
+    def poll(self, now: float, *, can_dispatch: bool = True, flush: bool = False) -> Decision[T]:
+        """Expire overdue requests and, if ``can_dispatch`` (an instance is free), pick the next batch."""
+        expired = [e for queue in self._buckets.values() for e in queue if e.deadline is not None and e.deadline <= now]
+        self._take(expired)
+        batch = self._select(now, flush) if can_dispatch else None
+        return Decision(batch, tuple(expired), self._wake_at(now, can_dispatch, flush))
+
+    def _plan(self, queue: list[Pending[T]], now: float, flush: bool) -> list[Pending[T]] | None:
+        """The batch this bucket would send at ``now``, or None while it should keep waiting."""
+        fill = [queue[0]]
+        used = queue[0].rows
+        for entry in queue[1:]:
+            if used + entry.rows <= self._capacity:
+                fill.append(entry)
+                used += entry.rows
+        if self._preferred:
+            best, used = 0, 0
+            for i, entry in enumerate(fill):
+                used += entry.rows
+                if used in self._preferred:
+                    best = i + 1
+            if best:
+                return fill[:best]
+        if flush or sum(e.rows for e in queue) >= self._capacity or now >= self._due(queue):
+            return fill
+        return None
+
+    def _due(self, queue: list[Pending[T]]) -> float:
+        return min(e.enqueued_at for e in queue) + self._config.max_delay_s
+
+    def _select(self, now: float, flush: bool) -> Batch[T] | None:
+        best: tuple[int, list[Pending[T]]] | None = None
+        for bucket, queue in self._buckets.items():
+            plan = self._plan(queue, now, flush)
+            if plan is not None and (best is None or plan[0].rank() < best[1][0].rank()):
+                best = (bucket, plan)
+        if best is None:
+            return None
+        bucket, entries = best
+        used = sum(e.rows for e in entries)
+        grown_to_preferred = bool(self._preferred) and used in self._preferred
+        if self._config.promote_overdue and not grown_to_preferred:
+            entries = entries + self._riders(bucket, now, flush, max(self._capacity, used) - used)
+        self._take(entries)
+        return Batch(tuple(entries), bucket)
+
+    def _riders(self, bucket: int, now: float, flush: bool, spare: int) -> list[Pending[T]]:
+        """Overdue requests of shorter buckets that fit in ``spare`` rows, best (priority, arrival) first."""
+        overdue = sorted(
+            (
+                e
+                for b, queue in self._buckets.items()
+                if b < bucket
+                for e in queue
+                if flush or now >= e.enqueued_at + self._config.max_delay_s
+            ),
+            key=Pending.rank,
+        )
+        riders = []
+        for entry in overdue:
+            if entry.rows <= spare:
+                riders.append(entry)
+                spare -= entry.rows
+        return riders
+
+    def _wake_at(self, now: float, can_dispatch: bool, flush: bool) -> float | None:
+        times = [e.deadline for queue in self._buckets.values() for e in queue if e.deadline is not None]
+        for queue in self._buckets.values():
+            if self._plan(queue, now, flush) is None:
+                times.append(self._due(queue))
+            elif can_dispatch:
+                times.append(now)
+        return min(times, default=None)
+
+    def _take(self, entries: Iterable[Pending[T]]) -> None:
+        gone = {id(e) for e in entries}
+        if not gone:
+            return
+        for bucket in list(self._buckets):
+            queue = self._buckets[bucket]
+            kept = [e for e in queue if id(e) not in gone]
+            for e in queue:
+                if id(e) in gone:
+                    self._rows -= e.rows
+                    self._count -= 1
+            if kept:
+                self._buckets[bucket] = kept
+            else:
+                del self._buckets[bucket]

@@ -1,0 +1,193 @@
+"""Tensor side of batching: check a request against the engine's inputs, pad and stack requests into
+one batch, and cut the batch's outputs back per request.
+
+Dimension 0 of every tensor is the row (batch) dimension. An input whose dimension 1 is variable
+(``-1`` in its :class:`TensorSpec`, e.g. ``input_ids [-1, -1]``) is a *sequence input*: a request's
+sequence length is its own dim-1 size, and a batch pads every sequence input with 0 up to the batch's
+sequence bucket (``attention_mask`` 0 keeps the padded positions out of attention and pooling). An
+output whose dim 1 is variable and equals the padded length (e.g. ``last_hidden_state``) is cut back
+to each request's own length; other outputs (e.g. ``sentence_embedding``) are only split by rows.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+
+import numpy as np
+
+from fleetserve.engine.base import TensorSpec
+from fleetserve.errors import InvalidInput
+
+_DTYPES: dict[str, type[np.generic]] = {
+    "BOOL": np.bool_,
+    "UINT8": np.uint8,
+    "UINT16": np.uint16,
+    "UINT32": np.uint32,
+    "UINT64": np.uint64,
+    "INT8": np.int8,
+    "INT16": np.int16,
+    "INT32": np.int32,
+    "INT64": np.int64,
+    "FP16": np.float16,
+    "FP32": np.float32,
+    "FP64": np.float64,
+}
+
+
+@dataclass(frozen=True)
+class Request:
+    """A validated request: arrays cast to the engine's dtypes, its row count and sequence length.
+
+    ``seq`` is 0 for a model without sequence inputs.
+    """
+
+    arrays: Mapping[str, np.ndarray]
+    rows: int
+    seq: int
+
+
+def _shape(spec: TensorSpec) -> str:
+    return "[" + ", ".join(map(str, spec.shape)) + "]"
+
+
+class TensorLayout:
+    """What the batcher needs to know about an engine's tensors, and the operations on them."""
+
+    def __init__(
+        self, inputs: Sequence[TensorSpec], outputs: Sequence[TensorSpec], *, max_batch: int, max_seq: int
+    ) -> None:
+        self._inputs = {spec.name: spec for spec in inputs}
+        self._dtypes: dict[str, np.dtype[np.generic]] = {}
+        for spec in inputs:
+            if spec.datatype not in _DTYPES:
+                raise ValueError(f"input {spec.name!r} has datatype {spec.datatype}, which the batcher cannot pad")
+            if len(spec.shape) == 0 or spec.shape[0] != -1:
+                raise ValueError(f"input {spec.name!r} {_shape(spec)} needs a variable dimension 0 to batch")
+            if any(d == -1 for d in spec.shape[2:]):
+                raise ValueError(f"input {spec.name!r} {_shape(spec)} has a variable dimension past 1")
+            self._dtypes[spec.name] = np.dtype(_DTYPES[spec.datatype])
+        self.sequence_inputs = tuple(s.name for s in inputs if len(s.shape) >= 2 and s.shape[1] == -1)
+        self._cut_outputs = frozenset(s.name for s in outputs if len(s.shape) >= 2 and s.shape[1] == -1)
+        self._max_batch = max_batch
+        self._max_seq = max_seq
+
+    @property
+    def has_sequence(self) -> bool:
+        return bool(self.sequence_inputs)
+
+    def validate(self, inputs: Mapping[str, object]) -> Request:
+        """Check names, ranks, fixed dims, dtypes and limits; raise ``InvalidInput`` naming the problem."""
+        if not isinstance(inputs, Mapping):
+            raise InvalidInput("inputs must map each input name to an array")
+        expected = ", ".join(self._inputs)
+        for name in inputs:
+            if name not in self._inputs:
+                raise InvalidInput(f"unknown input {name!r}; the model takes {expected}")
+        arrays: dict[str, np.ndarray] = {}
+        for name, spec in self._inputs.items():
+            if name not in inputs:
+                raise InvalidInput(f"missing input {name!r}; the model takes {expected}")
+            arrays[name] = self._check(spec, inputs[name])
+        first = next(iter(self._inputs))
+        rows = arrays[first].shape[0]
+        for name, array in arrays.items():
+            if array.shape[0] != rows:
+                raise InvalidInput(f"input {name!r} has {array.shape[0]} rows but {first!r} has {rows}")
+        if rows > self._max_batch:
+            raise InvalidInput(f"input {first!r} has {rows} rows; at most {self._max_batch} per request")
+        seq = 0
+        if self.sequence_inputs:
+            lead = self.sequence_inputs[0]
+            seq = arrays[lead].shape[1]
+            for name in self.sequence_inputs:
+                if arrays[name].shape[1] != seq:
+                    raise InvalidInput(
+                        f"input {name!r} has sequence length {arrays[name].shape[1]} but {lead!r} has {seq}"
+                    )
+            if seq > self._max_seq:
+                raise InvalidInput(f"input {lead!r} has sequence length {seq}; the maximum is {self._max_seq}")
+        return Request(arrays, rows, seq)
+
+    def _check(self, spec: TensorSpec, value: object) -> np.ndarray:
+        try:
+            array = np.asarray(value)
+        except (ValueError, TypeError) as exc:
+            raise InvalidInput(f"input {spec.name!r} is not a rectangular numeric array: {exc}") from None
+        if array.ndim != len(spec.shape):
+            raise InvalidInput(
+                f"input {spec.name!r} has rank {array.ndim} (shape {list(array.shape)}); "
+                f"expected rank {len(spec.shape)} {_shape(spec)}"
+            )
+        for axis, (got, want) in enumerate(zip(array.shape, spec.shape, strict=True)):
+            if got == 0:
+                raise InvalidInput(f"input {spec.name!r} has an empty dimension {axis} (shape {list(array.shape)})")
+            if want != -1 and got != want:
+                raise InvalidInput(f"input {spec.name!r} has size {got} in dimension {axis}; expected {want}")
+        target = self._dtypes[spec.name]
+        if array.dtype.kind not in "biuf" or not np.can_cast(array.dtype, target, casting="same_kind"):
+            raise InvalidInput(f"input {spec.name!r} has dtype {array.dtype}, which cannot be cast to {spec.datatype}")
+        if target.kind in "iu" and not np.can_cast(array.dtype, target, casting="safe"):
+            # A narrowing integer cast must not silently wrap token ids around.
+            cast = np.ascontiguousarray(array, dtype=target)
+            if not np.array_equal(cast, array):
+                raise InvalidInput(f"input {spec.name!r} has values outside the {spec.datatype} range")
+            return cast
+        return np.ascontiguousarray(array, dtype=target)
+
+    def collate(self, requests: Sequence[Request], seq: int) -> dict[str, np.ndarray]:
+        """Stack requests row-wise; sequence inputs are zero-padded to ``seq`` columns."""
+        if any(r.seq > seq for r in requests):
+            raise ValueError(f"a request is longer than the batch's sequence length {seq}")
+        total = sum(r.rows for r in requests)
+        feeds: dict[str, np.ndarray] = {}
+        for name, spec in self._inputs.items():
+            if name in self.sequence_inputs:
+                batch = np.zeros((total, seq, *spec.shape[2:]), dtype=self._dtypes[name])
+                start = 0
+                for r in requests:
+                    batch[start : start + r.rows, : r.seq] = r.arrays[name]
+                    start += r.rows
+                feeds[name] = batch
+            else:
+                feeds[name] = np.concatenate([r.arrays[name] for r in requests], axis=0)
+        return feeds
+
+    def split(
+        self, outputs: Mapping[str, np.ndarray], requests: Sequence[Request], seq: int
+    ) -> list[dict[str, np.ndarray]]:
+        """Cut a batch's outputs back into one dict per request (rows, and own sequence length)."""
+        total = sum(r.rows for r in requests)
+        arrays = {name: np.asarray(value) for name, value in outputs.items()}
+        for name, array in arrays.items():
+            if array.ndim == 0 or array.shape[0] != total:
+                raise RuntimeError(f"engine output {name!r} has shape {list(array.shape)}; expected {total} rows")
+        cut = {
+            name: name in self._cut_outputs and array.ndim >= 2 and array.shape[1] == seq
+            for name, array in arrays.items()
+        }
+        results: list[dict[str, np.ndarray]] = []
+        start = 0
+        for r in requests:
+            # Copies, not views: an engine may reuse its output buffers for the next batch.
+            results.append(
+                {
+                    name: (
+                        array[start : start + r.rows, : r.seq] if cut[name] else array[start : start + r.rows]
+                    ).copy()
+                    for name, array in arrays.items()
+                }
+            )
+            start += r.rows
+        return results
+
+    def dummy(self, rows: int, seq: int) -> Request:
+        """An all-zero request of ``rows`` x ``seq``, for warming an engine up on that shape."""
+        arrays = {
+            name: np.zeros(
+                (rows, seq, *spec.shape[2:]) if name in self.sequence_inputs else (rows, *spec.shape[1:]),
+                dtype=self._dtypes[name],
+            )
+            for name, spec in self._inputs.items()
+        }
+        return Request(arrays, rows, seq if self.sequence_inputs else 0)

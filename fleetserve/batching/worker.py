@@ -1,0 +1,285 @@
+"""The batcher's worker loop: one asyncio task feeds batches from the :class:`Collator` to N engine
+instances, each of which runs ``infer`` on its own thread of a dedicated ThreadPoolExecutor, so the
+event loop never blocks and instances compute concurrently.
+
+The scheduler task sleeps until a request arrives, an instance frees up or the collator's next
+wake-up time (a bucket's ``max_delay_s`` or a request's deadline), then polls the collator: expired
+requests are answered ``RequestExpired`` (also while every instance is busy), and each ready batch
+goes to a free instance. Padding, the engine call and splitting all happen on the instance's thread.
+An engine error fails only the requests of that batch; the loop keeps serving.
+
+``queue_depth`` and ``inflight`` count rows, like ``BatcherConfig.max_queue``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import bisect
+import contextlib
+import logging
+import time
+from collections.abc import Callable, Mapping
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
+
+import numpy as np
+
+from fleetserve.batching.collator import Batch, Collator, Pending
+from fleetserve.batching.config import BatcherConfig
+from fleetserve.batching.observer import BatchObserver, NullObserver
+from fleetserve.batching.tensors import Request, TensorLayout
+from fleetserve.engine.base import Engine, EngineInstance
+from fleetserve.errors import InvalidInput, NotReady, Overloaded, RequestExpired
+
+log = logging.getLogger(__name__)
+
+
+@dataclass(eq=False)
+class _Job:
+    request: Request
+    future: asyncio.Future[dict[str, np.ndarray]]
+    timeout_s: float | None
+
+
+class Batcher:
+    """Dynamic batcher in front of one engine; see ``BatcherConfig`` for the knobs."""
+
+    def __init__(
+        self,
+        engine: Engine,
+        config: BatcherConfig,
+        *,
+        instances: int = 1,
+        observer: BatchObserver | None = None,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
+        if isinstance(instances, bool) or not isinstance(instances, int) or instances < 1:
+            raise ValueError(f"instances must be a positive integer, got {instances!r}")
+        profile = engine.profile
+        if config.max_batch > profile.max_batch:
+            raise ValueError(f"max_batch {config.max_batch} exceeds the engine profile's {profile.max_batch}")
+        buckets = config.seq_buckets or profile.seq_buckets
+        if buckets[-1] > profile.max_seq:
+            raise ValueError(f"seq bucket {buckets[-1]} exceeds the engine profile's max_seq {profile.max_seq}")
+        self._engine = engine
+        self._config = config
+        self._layout = TensorLayout(engine.inputs, engine.outputs, max_batch=config.max_batch, max_seq=buckets[-1])
+        self._seq_buckets = buckets if self._layout.has_sequence else (0,)
+        batch_sizes = {b for b in profile.batch_buckets if b <= config.max_batch}
+        self._batch_sizes = tuple(sorted(batch_sizes | {config.max_batch} | set(config.preferred_batch_sizes)))
+        self._collator: Collator[_Job] = Collator(config)
+        self._n = instances
+        self._observer: BatchObserver = observer or NullObserver()
+        self._clock = clock
+        self._executor: ThreadPoolExecutor | None = None
+        self._instances: list[EngineInstance] = []
+        self._idle: list[EngineInstance] = []
+        self._tasks: set[asyncio.Task[None]] = set()
+        self._scheduler: asyncio.Task[None] | None = None
+        self._wake = asyncio.Event()
+        self._freed = asyncio.Event()
+        self._accepting = False
+        self._draining = False
+        self._paused = 0
+        self._inflight_rows = 0
+
+    @property
+    def queue_depth(self) -> int:
+        """Rows waiting in the queue."""
+        return self._collator.queued_rows
+
+    @property
+    def inflight(self) -> int:
+        """Rows in batches an engine instance is running now."""
+        return self._inflight_rows
+
+    @property
+    def accepting(self) -> bool:
+        """True between ``start`` and ``drain``."""
+        return self._accepting
+
+    @property
+    def warmup_shapes(self) -> tuple[tuple[int, int], ...]:
+        """The (rows, sequence length) shapes ``warmup`` runs on every instance."""
+        return tuple((b, s) for b in self._batch_sizes for s in self._seq_buckets)
+
+    async def start(self) -> None:
+        """Create the engine instances (on the executor: sessions can be slow to create) and the scheduler."""
+        if self._executor is not None:
+            raise RuntimeError("the batcher was already started")
+        loop = asyncio.get_running_loop()
+        self._executor = ThreadPoolExecutor(max_workers=self._n, thread_name_prefix="fleetserve-engine")
+        try:
+            for _ in range(self._n):
+                self._instances.append(await loop.run_in_executor(self._executor, self._engine.instance))
+        except BaseException:
+            self._executor.shutdown(wait=False)
+            self._executor = None
+            self._instances.clear()
+            raise
+        self._idle = list(self._instances)
+        self._scheduler = asyncio.create_task(self._schedule(), name="fleetserve-batcher")
+        self._scheduler.add_done_callback(self._scheduler_done)
+        self._accepting = True
+
+    async def warmup(self) -> None:
+        """Run every instance once on every shape in ``warmup_shapes``; batches wait meanwhile."""
+        if self._executor is None:
+            raise RuntimeError("start() the batcher before warmup()")
+        executor = self._executor
+        loop = asyncio.get_running_loop()
+        self._paused += 1
+        try:
+            while len(self._idle) < len(self._instances):
+                self._freed.clear()
+                await self._freed.wait()
+            await asyncio.gather(*(loop.run_in_executor(executor, self._warm, i) for i in self._instances))
+        finally:
+            self._paused -= 1
+            self._wake.set()
+
+    async def submit(
+        self, inputs: Mapping[str, np.ndarray], *, priority: int | None = None, timeout_s: float | None = None
+    ) -> dict[str, np.ndarray]:
+        """Queue one request and await its outputs; ``InvalidInput``/``Overloaded``/``NotReady`` at once."""
+        if not self._accepting:
+            self._observer.on_rejected()
+            raise NotReady("the batcher is draining" if self._draining else "the batcher is not running")
+        level = self._config.default_level if priority is None else priority
+        if isinstance(level, bool) or not isinstance(level, int) or not 0 <= level < self._config.priority_levels:
+            raise InvalidInput(f"priority must be an integer in 0..{self._config.priority_levels - 1}, got {level!r}")
+        timeout = self._config.default_timeout_s if timeout_s is None else timeout_s
+        if timeout is not None and not (isinstance(timeout, int | float) and timeout > 0):
+            raise InvalidInput(f"timeout must be a positive number of seconds, got {timeout!r}")
+        request = self._layout.validate(inputs)
+        bucket = self._seq_buckets[bisect.bisect_left(self._seq_buckets, request.seq)]
+        now = self._clock()
+        job = _Job(request, asyncio.get_running_loop().create_future(), timeout)
+        try:
+            entry = self._collator.push(
+                job,
+                rows=request.rows,
+                bucket=bucket,
+                priority=level,
+                now=now,
+                deadline=None if timeout is None else now + timeout,
+            )
+        except Overloaded:
+            self._observer.on_rejected()
+            raise
+        self._wake.set()
+        try:
+            return await job.future
+        except asyncio.CancelledError:
+            # The caller gave up (e.g. the client disconnected): do not spend an engine call on it.
+            self._collator.remove(entry)
+            raise
+
+    async def drain(self, timeout_s: float) -> None:
+        """Stop accepting, then finish everything queued and in flight within ``timeout_s``.
+
+        Requests still queued at the timeout are answered ``NotReady``; batches already running finish
+        on their threads. The engine itself is not closed: its owner does that.
+        """
+        self._accepting = False
+        self._draining = True
+        scheduler = self._scheduler
+        if scheduler is None:
+            return
+        self._wake.set()
+        done, _ = await asyncio.wait({scheduler}, timeout=timeout_s)
+        if not done:
+            log.warning(
+                "drain timed out after %.3fs; answering %d queued requests NotReady",
+                timeout_s,
+                self._collator.queued_requests,
+            )
+            scheduler.cancel()
+            await asyncio.wait({scheduler})
+        if self._executor is not None:
+            self._executor.shutdown(wait=False)
+
+    async def _schedule(self) -> None:
+        while True:
+            self._wake.clear()
+            now = self._clock()
+            can_dispatch = bool(self._idle) and not self._paused
+            decision = self._collator.poll(now, can_dispatch=can_dispatch, flush=self._draining)
+            self._expire(decision.expired, now)
+            if decision.batch is not None:
+                self._dispatch(decision.batch, now)
+                continue
+            if self._draining and self._collator.queued_requests == 0 and len(self._idle) == len(self._instances):
+                return
+            timeout = None if decision.wake_at is None else max(0.0, decision.wake_at - now)
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(self._wake.wait(), timeout)
+
+    def _expire(self, expired: tuple[Pending[_Job], ...], now: float) -> None:
+        if not expired:
+            return
+        for entry in expired:
+            job = entry.payload
+            if not job.future.done():
+                job.future.set_exception(
+                    RequestExpired(
+                        f"request waited {now - entry.enqueued_at:.3f}s in the queue, "
+                        f"past its timeout of {job.timeout_s}s; it was not run"
+                    )
+                )
+        self._observer.on_expired(len(expired))
+
+    def _dispatch(self, batch: Batch[_Job], now: float) -> None:
+        instance = self._idle.pop()
+        self._inflight_rows += batch.rows
+        waits = [now - e.enqueued_at for e in batch.entries]
+        task = asyncio.create_task(self._run(instance, batch, waits))
+        self._tasks.add(task)
+        task.add_done_callback(self._tasks.discard)
+
+    async def _run(self, instance: EngineInstance, batch: Batch[_Job], waits: list[float]) -> None:
+        assert self._executor is not None
+        jobs = [e.payload for e in batch.entries]
+        loop = asyncio.get_running_loop()
+        try:
+            results, compute_s = await loop.run_in_executor(self._executor, self._execute, instance, jobs, batch.seq)
+        except Exception as exc:
+            log.warning("batch of %d rows (seq %d) failed: %r", batch.rows, batch.seq, exc)
+            for job in jobs:
+                if not job.future.done():
+                    job.future.set_exception(exc)
+        else:
+            for job, result in zip(jobs, results, strict=True):
+                if not job.future.done():
+                    job.future.set_result(result)
+            self._observer.on_batch(batch.rows, batch.seq, waits, compute_s)
+        finally:
+            self._inflight_rows -= batch.rows
+            self._idle.append(instance)
+            self._freed.set()
+            self._wake.set()
+
+    def _execute(
+        self, instance: EngineInstance, jobs: list[_Job], seq: int
+    ) -> tuple[list[dict[str, np.ndarray]], float]:
+        requests = [job.request for job in jobs]
+        feeds = self._layout.collate(requests, seq)
+        started = self._clock()
+        outputs = instance.infer(feeds)
+        compute_s = self._clock() - started
+        return self._layout.split(outputs, requests, seq), compute_s
+
+    def _warm(self, instance: EngineInstance) -> None:
+        for rows, seq in self.warmup_shapes:
+            request = self._layout.dummy(rows, seq)
+            # Splitting checks the engine's outputs have the promised rows before real traffic arrives.
+            self._layout.split(instance.infer(self._layout.collate([request], seq)), [request], seq)
+
+    def _scheduler_done(self, task: asyncio.Task[None]) -> None:
+        """Answer everything still queued once the scheduler stops, so no caller waits forever."""
+        self._accepting = False
+        if not task.cancelled() and task.exception() is not None:
+            log.error("batcher scheduler failed", exc_info=task.exception())
+        for entry in self._collator.clear():
+            if not entry.payload.future.done():
+                entry.payload.future.set_exception(NotReady("the batcher stopped before this request ran"))
