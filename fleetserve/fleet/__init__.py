@@ -1,0 +1,1 @@
+"""Local fleet: N supervised replica processes and a gateway on one machine (``fleetserve up``)."""
