@@ -1,0 +1,63 @@
+"""Balancing policies, chosen by name; each lives in its own module and is imported only when chosen.
+
+``POLICIES`` maps the name used on the command line (``--policy``) to ``"module:Class"``. The
+balancer builds its policy with :func:`create_policy` and never imports a concrete one.
+"""
+
+from __future__ import annotations
+
+import importlib
+import random
+from typing import cast
+
+from fleetserve.gateway.policies.base import (
+    Clock,
+    LoadSignals,
+    Policy,
+    PolicyFactory,
+    RequestContext,
+    StatelessPolicy,
+)
+
+DEFAULT_POLICY = "p2c-peak-ewma"
+
+POLICIES: dict[str, str] = {
+    "round-robin": "fleetserve.gateway.policies.round_robin:RoundRobin",
+    "weighted-round-robin": "fleetserve.gateway.policies.weighted_round_robin:WeightedRoundRobin",
+    "least-pending": "fleetserve.gateway.policies.least_pending:LeastPending",
+    "p2c-peak-ewma": "fleetserve.gateway.policies.p2c_peak_ewma:P2CPeakEwma",
+    "queue-aware": "fleetserve.gateway.policies.queue_aware:QueueAware",
+}
+
+
+def policy_names() -> list[str]:
+    return list(POLICIES)
+
+
+def load_policy(name: str) -> PolicyFactory:
+    """Import and return the policy class registered as ``name``."""
+    try:
+        target = POLICIES[name]
+    except KeyError:
+        raise ValueError(f"unknown balancing policy {name!r}; choose one of {', '.join(POLICIES)}") from None
+    module_name, _, attr = target.partition(":")
+    return cast(PolicyFactory, getattr(importlib.import_module(module_name), attr))
+
+
+def create_policy(name: str, signals: LoadSignals, *, clock: Clock, rng: random.Random) -> Policy:
+    return load_policy(name)(signals, clock=clock, rng=rng)
+
+
+__all__ = [
+    "DEFAULT_POLICY",
+    "POLICIES",
+    "Clock",
+    "LoadSignals",
+    "Policy",
+    "PolicyFactory",
+    "RequestContext",
+    "StatelessPolicy",
+    "create_policy",
+    "load_policy",
+    "policy_names",
+]

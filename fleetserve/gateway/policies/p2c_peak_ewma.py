@@ -1,0 +1,38 @@
+"""P2C over peak-EWMA cost: the default policy.
+
+Two distinct random candidates, the one with the lower cost wins (tower ``balance::p2c`` over
+``load::PeakEwma``; Finagle/Linkerd's default). Cost = peak-EWMA latency × (pending + 1), the
+expected time until a new request would complete there, so a replica that got slow (a GC pause, a
+throttled GPU, a noisy neighbour) loses traffic at once and regains it as its estimate decays; failed
+requests raise the estimate (see :mod:`fleetserve.gateway.load`).
+
+The cost is divided by the effective weight, so weights and slow start shift the comparison the same
+way they shift ``least-pending``.
+"""
+
+from __future__ import annotations
+
+import random
+from collections.abc import Sequence
+
+from fleetserve.gateway.endpoint import Endpoint
+from fleetserve.gateway.policies.base import Clock, LoadSignals, RequestContext, StatelessPolicy, two_distinct
+
+
+class P2CPeakEwma(StatelessPolicy):
+    def __init__(self, signals: LoadSignals, *, clock: Clock, rng: random.Random) -> None:
+        self._signals = signals
+        self._clock = clock
+        self._rng = rng
+
+    def _cost(self, ep: Endpoint, now: float) -> float:
+        load = self._signals.load(ep)
+        return load.ewma_cost(now) / load.effective_weight(now)
+
+    def choose(self, candidates: Sequence[Endpoint], ctx: RequestContext) -> Endpoint:
+        if len(candidates) == 1:
+            return candidates[0]
+        i, j = two_distinct(self._rng, len(candidates))
+        a, b = candidates[i], candidates[j]
+        now = self._clock()
+        return b if self._cost(b, now) < self._cost(a, now) else a
