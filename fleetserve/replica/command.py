@@ -27,6 +27,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--max-body-bytes", type=int, default=16 * 1024 * 1024)
     parser.add_argument("--drain-grace-s", type=float, default=5.0, help="serve this long after SIGTERM, not ready")
     parser.add_argument("--drain-timeout-s", type=float, default=30.0, help="then finish in-flight work within")
+    parser.add_argument("--padding", choices=("bucket", "longest", "fixed"), default="bucket",
+                        help="bucket: sequence buckets grouped by length; longest: pad a batch to its longest "
+                             "request; fixed: truncate and pad every request to --fixed-seq tokens")
+    parser.add_argument("--fixed-seq", type=int, default=128, help="tokens per request with --padding fixed")
     parser.add_argument("--extra-latency-ms", type=float, default=0.0,
                         help="fault injection: add service time per request (emulates a slow GPU)")
 
@@ -38,7 +42,7 @@ def replica_config(args: argparse.Namespace) -> ReplicaConfig:
         max_delay_ms=args.max_delay_ms, preferred_batch_sizes=args.preferred_batch, max_queue=args.max_queue,
         default_timeout_ms=args.default_timeout_ms, max_body_bytes=args.max_body_bytes,
         drain_grace_s=args.drain_grace_s, drain_timeout_s=args.drain_timeout_s,
-        extra_latency_ms=args.extra_latency_ms,
+        extra_latency_ms=args.extra_latency_ms, padding=args.padding, fixed_seq=args.fixed_seq,
     )
 
 

@@ -85,6 +85,8 @@ async def start_replica(config: ReplicaConfig) -> Replica:
             max_batch=config.max_batch, max_delay_s=config.max_delay_ms / 1000,
             preferred_batch_sizes=config.preferred_batch_sizes, max_queue=config.max_queue,
             default_timeout_s=config.default_timeout_ms / 1000 if config.default_timeout_ms else None,
+            pad_to="longest" if config.padding == "longest" else "bucket",
+            seq_buckets=(config.fixed_seq,) if config.padding == "fixed" else None,
         ),
         instances=config.instances, observer=metrics,
     )
@@ -97,7 +99,8 @@ async def start_replica(config: ReplicaConfig) -> Replica:
     text = None
     meta = built.model.meta
     if built.model.tokenizer_path is not None and meta is not None and meta.embedding_output:
-        tokenizer = TextTokenizer(built.model.tokenizer_path, built.profile.max_seq)
+        max_tokens = config.fixed_seq if config.padding == "fixed" else built.profile.max_seq
+        tokenizer = TextTokenizer(built.model.tokenizer_path, max_tokens)
         text = TextService(model, tokenizer, meta.embedding_output, TextLimits(),
                            on_truncated=metrics.truncated.labels(name).inc)
     limits = CodecLimits(max_json_bytes=config.max_body_bytes, max_total_bytes=4 * config.max_body_bytes)

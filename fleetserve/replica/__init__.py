@@ -1,0 +1,1 @@
+"""The replica: KServe v2 HTTP/gRPC front ends, /inference, lifecycle."""

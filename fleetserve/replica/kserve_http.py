@@ -1,0 +1,151 @@
+"""KServe v2 / Open Inference Protocol REST routes (health, metadata, inference) for aiohttp.
+
+Shapes of the answers mirror Triton's so NVIDIA's ``tritonclient.http`` works unmodified. Every error
+leaves as ``{"error": message}`` with the status of its :class:`~fleetserve.errors.FleetserveError`
+(``Retry-After`` in whole seconds when the error carries one); anything unexpected is logged and answered
+500 without a traceback. Large bodies are decoded and encoded on a worker thread so one big request does
+not stall the event loop for everyone else.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import functools
+import logging
+import math
+from collections.abc import Awaitable, Callable
+from typing import TypeVar
+
+from aiohttp import web
+
+from fleetserve.errors import FleetserveError, NotReady
+from fleetserve.replica.codec import HEADER_LENGTH, CodecLimits, decode_infer_request, encode_infer_response
+from fleetserve.replica.model import ModelRepository, ServedModel
+
+log = logging.getLogger(__name__)
+
+Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
+T = TypeVar("T")
+
+# Bodies above this size are (de)serialized off the event loop; below it the thread hop costs more.
+_OFFLOAD_BYTES = 1 << 20
+
+
+def error_response(error: FleetserveError) -> web.Response:
+    """The JSON error answer for ``error``, with ``Retry-After`` (integer seconds, at least 1) if set."""
+    headers = {}
+    if error.retry_after_s is not None:
+        headers["Retry-After"] = str(max(1, math.ceil(error.retry_after_s)))
+    return web.json_response({"error": error.message}, status=error.http_status, headers=headers)
+
+
+def guarded(handler: Handler) -> Handler:
+    @functools.wraps(handler)
+    async def guarded(request: web.Request) -> web.StreamResponse:
+        try:
+            return await handler(request)
+        except FleetserveError as e:
+            return error_response(e)
+        except web.HTTPException as e:
+            # aiohttp raises these itself, e.g. 413 when the body passes client_max_size.
+            if e.status < 400:
+                raise
+            return web.json_response({"error": e.text or e.reason}, status=e.status)
+        except Exception:
+            log.exception("unhandled error in %s %s", request.method, request.path)
+            return web.json_response({"error": "internal error"}, status=500)
+
+    return guarded
+
+
+async def _maybe_offload(nbytes: int, fn: Callable[..., T], *args: object, **kwargs: object) -> T:
+    if nbytes > _OFFLOAD_BYTES:
+        return await asyncio.to_thread(fn, *args, **kwargs)
+    return fn(*args, **kwargs)
+
+
+def model_metadata(model: ServedModel) -> dict[str, object]:
+    return {
+        "name": model.name,
+        "versions": [model.version],
+        "platform": model.platform,
+        "inputs": [s.to_json() for s in model.inputs],
+        "outputs": [s.to_json() for s in model.outputs],
+    }
+
+
+class _KServeHandlers:
+    def __init__(self, repo: ModelRepository, limits: CodecLimits) -> None:
+        self._repo = repo
+        self._limits = limits
+
+    def _model(self, request: web.Request) -> ServedModel:
+        return self._repo.get(request.match_info["model"], request.match_info.get("version"))
+
+    async def server_metadata(self, request: web.Request) -> web.StreamResponse:
+        return web.json_response(self._repo.info.to_json())
+
+    async def live(self, request: web.Request) -> web.StreamResponse:
+        if not self._repo.is_live():
+            raise NotReady("the server is not live")
+        return web.json_response({"live": True})
+
+    async def ready(self, request: web.Request) -> web.StreamResponse:
+        if not self._repo.is_ready():
+            raise NotReady("the server is draining" if self._repo.draining else "the server is not ready")
+        return web.json_response({"ready": True})
+
+    async def model_metadata(self, request: web.Request) -> web.StreamResponse:
+        return web.json_response(model_metadata(self._model(request)))
+
+    async def model_ready(self, request: web.Request) -> web.StreamResponse:
+        model = self._model(request)
+        if not model.is_ready():
+            raise NotReady(f"model {model.name!r} is not ready")
+        return web.json_response({"name": model.name, "ready": True})
+
+    async def infer(self, request: web.Request) -> web.StreamResponse:
+        model = self._model(request)
+        body = await request.read()
+        decoded = await _maybe_offload(
+            len(body),
+            decode_infer_request,
+            body,
+            request.headers.get(HEADER_LENGTH),
+            inputs=model.inputs,
+            outputs=model.outputs,
+            limits=self._limits,
+        )
+        results = await model.infer(decoded.inputs, priority=decoded.priority, timeout_s=decoded.timeout_s)
+        payload, header_length = await _maybe_offload(
+            sum(getattr(a, "nbytes", 0) for a in results.values()),
+            encode_infer_response,
+            model_name=model.name,
+            model_version=model.version,
+            request=decoded,
+            results=results,
+            outputs=model.outputs,
+        )
+        if header_length is None:
+            return web.Response(body=payload, content_type="application/json")
+        return web.Response(
+            body=payload,
+            content_type="application/octet-stream",
+            headers={HEADER_LENGTH: str(header_length)},
+        )
+
+
+def add_kserve_routes(app: web.Application, repo: ModelRepository, limits: CodecLimits) -> None:
+    """Mount ``/v2`` health, metadata and inference routes (with ``/versions/{version}`` forms) on ``app``.
+
+    The request body bound is the application's ``client_max_size``; keep it above
+    ``limits.max_json_bytes`` plus ``limits.max_total_bytes`` so the codec's clearer limits apply first.
+    """
+    h = _KServeHandlers(repo, limits)
+    app.router.add_get("/v2", guarded(h.server_metadata))
+    app.router.add_get("/v2/health/live", guarded(h.live))
+    app.router.add_get("/v2/health/ready", guarded(h.ready))
+    for base in ("/v2/models/{model}", "/v2/models/{model}/versions/{version}"):
+        app.router.add_get(base, guarded(h.model_metadata))
+        app.router.add_get(base + "/ready", guarded(h.model_ready))
+        app.router.add_post(base + "/infer", guarded(h.infer))
