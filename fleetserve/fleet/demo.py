@@ -34,8 +34,8 @@ async def demo(args: argparse.Namespace) -> int:
             if fleet_task.done():
                 return fleet_task.result() or 1
             await asyncio.sleep(0.2)
-        url = f"http://{fleet.host}:{fleet.gateway_port}/inference"
-        print(f"\ndriving {args.rate:.0f} requests/s (Poisson, realistic text-length mix) at {url} "
+        url = f"http://{fleet.host}:{fleet.gateway_port}"
+        print(f"\ndriving {args.rate:.0f} requests/s (Poisson, realistic text-length mix) at {url}/inference "
               f"for {args.duration:.0f} s ...", flush=True)
         report = await run_load(LoadConfig(url=url, rate=args.rate, concurrency=None, duration_s=args.duration,
                                            warmup_s=2.0, workload="texts", model=args.model))

@@ -19,6 +19,8 @@ import urllib.request
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
+from fleetserve.errors import FleetserveError
+
 log = logging.getLogger(__name__)
 
 
@@ -166,9 +168,9 @@ class Supervisor:
                 return
             for m in self.members:
                 if m.process is not None and m.process.returncode is not None and m.restarts == 0:
-                    raise RuntimeError(f"{m.name} exited with {m.process.returncode} during start-up")
+                    raise FleetserveError(f"{m.name} exited with {m.process.returncode} during start-up")
             await asyncio.sleep(0.2)
-        raise TimeoutError(f"fleet not ready after {self.config.ready_timeout_s:.0f} s: {self.status_line()}")
+        raise FleetserveError(f"fleet not ready after {self.config.ready_timeout_s:.0f} s: {self.status_line()}")
 
     async def stop(self) -> None:
         self.stopping = True

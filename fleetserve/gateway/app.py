@@ -1,0 +1,59 @@
+"""The gateway's public aiohttp application: replica routes proxied, admin routes served locally.
+
+Proxied (``GET`` and ``POST``): ``/v2`` and everything under ``/v2/``, and ``/inference`` — the
+replica's KServe v2 and text inference surface. Anything else is a JSON 404 (405 for a known path
+with another method). Edge guards (auth, rate limits, input limits) are aiohttp middlewares passed
+in outermost first; they wrap every route, so they decide which paths they exempt.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+from aiohttp import web
+from aiohttp.typedefs import Handler, Middleware
+
+from fleetserve.gateway.admin import add_admin_routes
+from fleetserve.gateway.balancer import Balancer
+from fleetserve.gateway.config import GatewayConfig
+from fleetserve.gateway.metrics import NO_BACKEND, GatewayMetrics
+from fleetserve.gateway.proxy import REQUEST_ID_HEADER, Proxy
+from fleetserve.gateway.tracing import IdGenerator, request_id
+from fleetserve.gateway.upstream import UpstreamPools
+
+PROXIED_PATHS = ("/v2", "/v2/{tail:.*}", "/inference")
+
+
+def _json_errors(metrics: GatewayMetrics, ids: IdGenerator) -> Middleware:
+    """aiohttp's own 404/405/413 as ``{"error": ...}`` bodies, like every other error of ours."""
+
+    @web.middleware
+    async def json_errors(request: web.Request, handler: Handler) -> web.StreamResponse:
+        try:
+            return await handler(request)
+        except web.HTTPException as exc:
+            if exc.status < 400:
+                raise
+            rid = request_id(request.headers.get(REQUEST_ID_HEADER), ids)
+            headers = {k: v for k, v in exc.headers.items() if k.lower() not in ("content-type", "content-length")}
+            headers[REQUEST_ID_HEADER] = rid
+            metrics.observe_request(NO_BACKEND, exc.status)
+            return web.json_response({"error": f"{exc.reason}: {request.method} {request.path}"},
+                                     status=exc.status, headers=headers)
+
+    return json_errors
+
+
+def build_app(config: GatewayConfig, balancer: Balancer, upstreams: UpstreamPools, metrics: GatewayMetrics,
+              middlewares: Sequence[Middleware] = (), *, ids: IdGenerator | None = None) -> web.Application:
+    ids = ids if ids is not None else IdGenerator()
+    app = web.Application(
+        middlewares=[*middlewares, _json_errors(metrics, ids)],
+        client_max_size=config.max_body_bytes,
+    )
+    proxy = Proxy(config, balancer, upstreams, metrics, ids=ids)
+    add_admin_routes(app, balancer, metrics)
+    for path in PROXIED_PATHS:
+        app.router.add_route("GET", path, proxy.handle)
+        app.router.add_route("POST", path, proxy.handle)
+    return app

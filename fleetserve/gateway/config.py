@@ -1,0 +1,89 @@
+"""The gateway's configuration: one frozen, validated object built by the CLI and passed everywhere.
+
+It holds plain values only (backends as ``URL[=WEIGHT]`` strings), so it pickles into worker
+processes unchanged; :meth:`GatewayConfig.endpoints` turns the backends into endpoints.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from fleetserve.gateway.balancer import BalancerConfig
+from fleetserve.gateway.endpoint import Endpoint
+from fleetserve.gateway.upstream import PoolConfig
+
+DISCOVERY_KINDS = ("static", "file", "dns")
+
+
+def _port(name: str, value: int) -> None:
+    if not 0 <= value <= 65535:
+        raise ValueError(f"{name} must be in 0..65535 (0 = any free port), got {value}")
+
+
+@dataclass(frozen=True)
+class GatewayConfig:
+    host: str = "0.0.0.0"
+    port: int = 8080
+    grpc_port: int = 0  # 0 = no gRPC listener
+    workers: int = 1
+    backends: tuple[str, ...] = ()
+    discovery: str = "static"
+    discovery_file: str | None = None
+    discovery_poll_s: float = 2.0
+    dns_name: str | None = None
+    dns_port: int = 8000
+    dns_interval_s: float = 5.0
+    request_timeout_ms: int = 30_000
+    max_request_timeout_ms: int = 600_000
+    max_body_bytes: int = 16 * 1024 * 1024
+    max_retries: int = 1
+    retry_after_s: int = 1
+    # A replica's gRPC port: its endpoint label ``grpc_port`` if set, else its HTTP port + this offset.
+    backend_grpc_port_offset: int = 1
+    health_checks: bool = True
+    upstream: PoolConfig = field(default_factory=PoolConfig)
+    balancer: BalancerConfig = field(default_factory=BalancerConfig)
+
+    def __post_init__(self) -> None:
+        _port("port", self.port)
+        _port("grpc_port", self.grpc_port)
+        _port("dns_port", self.dns_port)
+        if not self.host:
+            raise ValueError("host must not be empty (use 0.0.0.0 for all interfaces)")
+        if self.workers < 1:
+            raise ValueError(f"workers must be >= 1, got {self.workers}")
+        if self.workers > 1 and self.port == 0:
+            raise ValueError("workers > 1 share one port through SO_REUSEPORT: give an explicit --port")
+        if self.discovery not in DISCOVERY_KINDS:
+            raise ValueError(f"discovery must be one of {', '.join(DISCOVERY_KINDS)}, got {self.discovery!r}")
+        if self.discovery == "static" and not self.backends:
+            raise ValueError("static discovery needs at least one --backend URL[=WEIGHT]")
+        if self.discovery != "static" and self.backends:
+            raise ValueError(f"--backend is only used with --discovery static, not {self.discovery}")
+        if self.discovery == "file" and not self.discovery_file:
+            raise ValueError("file discovery needs --discovery-file PATH")
+        if self.discovery == "dns" and not self.dns_name:
+            raise ValueError("dns discovery needs --dns-name NAME")
+        for name in ("discovery_poll_s", "dns_interval_s"):
+            if not getattr(self, name) > 0:
+                raise ValueError(f"{name} must be > 0, got {getattr(self, name)}")
+        if not 0 < self.request_timeout_ms <= self.max_request_timeout_ms:
+            raise ValueError(f"request_timeout_ms must be in 1..max_request_timeout_ms "
+                             f"({self.max_request_timeout_ms}), got {self.request_timeout_ms}")
+        if self.max_body_bytes < 1:
+            raise ValueError(f"max_body_bytes must be >= 1, got {self.max_body_bytes}")
+        if not 0 <= self.max_retries <= 3:
+            raise ValueError(f"max_retries must be in 0..3, got {self.max_retries}")
+        if self.retry_after_s < 1:
+            raise ValueError(f"retry_after_s must be >= 1, got {self.retry_after_s}")
+        if not 0 <= self.backend_grpc_port_offset < 65535:
+            raise ValueError(f"backend_grpc_port_offset must be in 0..65534, got {self.backend_grpc_port_offset}")
+        self.endpoints()  # each backend must parse
+
+    def endpoints(self) -> list[Endpoint]:
+        """The static backends as endpoints (ValueError naming a backend that does not parse)."""
+        endpoints = [Endpoint.parse(spec) for spec in self.backends]
+        for ep in endpoints:
+            if not ep.url.startswith("http://"):
+                raise ValueError(f"backend {ep.url}: only http:// backends are supported")
+        return endpoints

@@ -1,0 +1,270 @@
+"""Run the gateway: wire config, balancer, discovery, health checks, pools and listeners together.
+
+- :func:`serve_gateway` is an async context manager that runs one gateway in the current event loop
+  (tests use it in-process; port 0 picks a free port).
+- :func:`run_gateway` blocks until SIGINT/SIGTERM. With ``workers > 1`` it runs that many worker
+  processes on one port through SO_REUSEPORT, the kernel spreading connections across them; each
+  worker keeps its own balancer state, health checks and metrics, as Envoy's workers do.
+- :func:`add_arguments` / :func:`run` are the ``fleetserve gateway`` command.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import contextlib
+import logging
+import multiprocessing
+import multiprocessing.connection
+import os
+import random
+import signal
+import sys
+import time
+from collections.abc import AsyncIterator, Callable, Coroutine, Sequence
+from dataclasses import dataclass, fields
+from types import FrameType
+from typing import Any
+
+import grpc.aio
+from aiohttp import web
+from aiohttp.typedefs import Middleware
+from prometheus_client import CollectorRegistry
+
+from fleetserve.gateway.app import build_app
+from fleetserve.gateway.balancer import Balancer, BalancerConfig, run_discovery
+from fleetserve.gateway.config import DISCOVERY_KINDS, GatewayConfig
+from fleetserve.gateway.discovery import Discovery, DnsDiscovery, FileDiscovery, Insert
+from fleetserve.gateway.grpc_proxy import GrpcProxy, start_grpc_server
+from fleetserve.gateway.health import run_health_checks
+from fleetserve.gateway.metrics import GatewayMetrics
+from fleetserve.gateway.policies import DEFAULT_POLICY, policy_names
+from fleetserve.gateway.proxy import readiness_probe
+from fleetserve.gateway.upstream import UpstreamPools
+from fleetserve.telemetry import logs
+
+log = logging.getLogger(__name__)
+
+# Builds the edge guards of one worker; must pickle (a module-level function or a partial of one).
+MiddlewareFactory = Callable[[CollectorRegistry], Sequence[Middleware]]
+_FIELD_DEFAULTS: dict[str, Any] = {f.name: f.default for f in fields(GatewayConfig)}
+_PRUNE_INTERVAL_S = 5.0
+_SHUTDOWN_GRACE_S = 2.0
+
+
+@dataclass
+class GatewayHandle:
+    """A running gateway: where it listens and its live state."""
+
+    config: GatewayConfig
+    balancer: Balancer
+    metrics: GatewayMetrics
+    upstreams: UpstreamPools
+    port: int
+    grpc_port: int | None
+
+    @property
+    def url(self) -> str:
+        host = "127.0.0.1" if self.config.host in ("0.0.0.0", "::") else self.config.host
+        return f"http://{host}:{self.port}"
+
+
+def make_discovery(config: GatewayConfig) -> Discovery | None:
+    """The dynamic discovery source, or None for static backends (applied once at start)."""
+    if config.discovery == "file":
+        assert config.discovery_file is not None
+        return FileDiscovery(config.discovery_file, config.discovery_poll_s)
+    if config.discovery == "dns":
+        assert config.dns_name is not None
+        return DnsDiscovery(config.dns_name, config.dns_port, config.dns_interval_s)
+    return None
+
+
+async def _prune_loop(balancer: Balancer, upstreams: UpstreamPools, grpc_proxy: GrpcProxy | None) -> None:
+    """Close connections to replicas that discovery removed."""
+    while True:
+        await asyncio.sleep(_PRUNE_INTERVAL_S)
+        urls = [ep.url for ep in balancer.endpoints()]
+        await upstreams.retain(urls)
+        if grpc_proxy is not None:
+            await grpc_proxy.retain(urls)
+
+
+@contextlib.asynccontextmanager
+async def serve_gateway(
+    config: GatewayConfig,
+    *,
+    middlewares: MiddlewareFactory | None = None,
+    discovery: Discovery | None = None,
+    reuse_port: bool = False,
+    clock: Callable[[], float] = time.monotonic,
+    rng: random.Random | None = None,
+) -> AsyncIterator[GatewayHandle]:
+    """Run a gateway in this event loop for the duration of the ``async with`` block.
+
+    ``discovery`` replaces the one ``config`` describes (tests feed events through it).
+    """
+    metrics = GatewayMetrics()
+    balancer = Balancer(config.balancer, clock=clock, rng=rng, observer=metrics)
+    upstreams = UpstreamPools(config.upstream, clock=clock)
+    grpc_proxy = GrpcProxy(config, balancer, metrics, clock=clock) if config.grpc_port else None
+    if discovery is None:
+        discovery = make_discovery(config)
+        if discovery is None:
+            for ep in config.endpoints():
+                balancer.apply(Insert(ep))
+    background: list[Coroutine[Any, Any, None]] = [_prune_loop(balancer, upstreams, grpc_proxy)]
+    if discovery is not None:
+        background.append(run_discovery(balancer, discovery))
+    if config.health_checks:
+        background.append(run_health_checks(balancer, readiness_probe(upstreams), config.balancer, clock=clock))
+    tasks = [asyncio.create_task(coro) for coro in background]
+    runner: web.AppRunner | None = None
+    grpc_server: grpc.aio.Server | None = None
+    try:
+        guards = middlewares(metrics.registry) if middlewares else ()
+        runner = web.AppRunner(build_app(config, balancer, upstreams, metrics, guards), access_log=None,
+                               handle_signals=False, shutdown_timeout=_SHUTDOWN_GRACE_S)
+        await runner.setup()
+        site = web.TCPSite(runner, config.host, config.port, reuse_port=reuse_port, backlog=1024)
+        await site.start()
+        port = int(runner.addresses[0][1])
+        grpc_port: int | None = None
+        if grpc_proxy is not None:
+            grpc_server, grpc_port = await start_grpc_server(grpc_proxy, config.host, config.grpc_port,
+                                                             reuse_port=reuse_port)
+        yield GatewayHandle(config, balancer, metrics, upstreams, port, grpc_port)
+    finally:
+        for task in tasks:
+            task.cancel()
+        await asyncio.gather(*tasks, return_exceptions=True)
+        if grpc_server is not None:
+            await grpc_server.stop(_SHUTDOWN_GRACE_S)
+        if runner is not None:
+            await runner.cleanup()
+        await upstreams.close()
+        if grpc_proxy is not None:
+            await grpc_proxy.close()
+
+
+async def _serve_until_signalled(config: GatewayConfig, worker: bool,
+                                 middlewares: MiddlewareFactory | None) -> int:
+    stop = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    # A worker leaves Ctrl-C to its parent, which turns it into one SIGTERM for every worker.
+    for signum in (signal.SIGTERM,) if worker else (signal.SIGINT, signal.SIGTERM):
+        loop.add_signal_handler(signum, stop.set)
+    async with serve_gateway(config, middlewares=middlewares, reuse_port=worker) as gateway:
+        grpc_note = f", gRPC on port {gateway.grpc_port}" if gateway.grpc_port else ""
+        log.info("gateway (pid %d) listening on %s:%d%s, policy %s, %d backend(s)", os.getpid(),
+                 config.host, gateway.port, grpc_note, config.balancer.policy, len(gateway.balancer.endpoints()))
+        await stop.wait()
+    log.info("gateway (pid %d) stopped", os.getpid())
+    return 0
+
+
+def _loop_factory() -> Callable[[], asyncio.AbstractEventLoop] | None:
+    try:
+        import uvloop
+    except ImportError:
+        return None
+    return uvloop.new_event_loop
+
+
+def _run_one(config: GatewayConfig, worker: bool, middlewares: MiddlewareFactory | None) -> int:
+    try:
+        with asyncio.Runner(loop_factory=_loop_factory()) as runner:
+            return runner.run(_serve_until_signalled(config, worker, middlewares))
+    except OSError as exc:
+        log.error("gateway cannot start on %s:%d: %s", config.host, config.port, exc.strerror or exc)
+        return 1
+
+
+def _worker_main(config: GatewayConfig, middlewares: MiddlewareFactory | None, log_level: int) -> None:
+    logs.install(logging.getLevelName(log_level))
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    sys.exit(_run_one(config, True, middlewares))
+
+
+def run_gateway(config: GatewayConfig, *, middlewares: MiddlewareFactory | None = None) -> int:
+    """Serve until SIGINT/SIGTERM; 0 after a clean stop, 1 when a worker failed."""
+    if config.workers == 1:
+        return _run_one(config, False, middlewares)
+    context = multiprocessing.get_context("spawn")  # no fork: gRPC's threads do not survive one
+    level = logging.getLogger().getEffectiveLevel()
+    workers = [context.Process(target=_worker_main, args=(config, middlewares, level),
+                               name=f"fleetserve-gateway-{i}") for i in range(config.workers)]
+    stopping = False
+
+    def stop_all(signum: int, frame: FrameType | None) -> None:
+        nonlocal stopping
+        stopping = True
+        for worker in workers:
+            if worker.pid is not None and worker.exitcode is None:
+                os.kill(worker.pid, signal.SIGTERM)
+
+    previous = {s: signal.signal(s, stop_all) for s in (signal.SIGINT, signal.SIGTERM)}
+    try:
+        for worker in workers:
+            worker.start()
+        multiprocessing.connection.wait([w.sentinel for w in workers])
+        if not stopping:
+            failed = next(w for w in workers if w.exitcode is not None)
+            log.error("gateway worker %s exited with %s; stopping the others", failed.name, failed.exitcode)
+            stop_all(signal.SIGTERM, None)
+            stopping = False
+        for worker in workers:
+            worker.join(_SHUTDOWN_GRACE_S + 5.0)
+            if worker.exitcode is None:
+                worker.kill()
+                worker.join()
+    finally:
+        for signum, handler in previous.items():
+            signal.signal(signum, handler)
+    return 0 if stopping and all(w.exitcode == 0 for w in workers) else 1
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    """The ``fleetserve gateway`` options."""
+    default = _FIELD_DEFAULTS
+    bdefault = BalancerConfig()
+    add = parser.add_argument
+    add("--backend", action="append", default=[], metavar="URL[=WEIGHT]",
+        help="a replica, repeatable (static discovery), e.g. http://10.0.0.5:8000=2")
+    add("--host", default=default["host"], help="address to listen on (default %(default)s)")
+    add("--port", type=int, default=default["port"], help="HTTP port (default %(default)s)")
+    add("--grpc-port", type=int, default=default["grpc_port"],
+        help="gRPC port balancing KServe ModelInfer per call (0 = off, the default)")
+    add("--policy", choices=policy_names(), default=DEFAULT_POLICY, help="balancing policy (default %(default)s)")
+    add("--discovery", choices=DISCOVERY_KINDS, default=default["discovery"],
+        help="where the backends come from (default %(default)s)")
+    add("--discovery-file", help="file of URL[=WEIGHT] lines or a YAML/JSON list, re-read when it changes")
+    add("--dns-name", help="DNS name resolving to one address per replica (e.g. a headless Service)")
+    add("--dns-port", type=int, default=default["dns_port"], help="replica HTTP port for --dns-name")
+    add("--workers", type=int, default=default["workers"],
+        help="worker processes sharing the port via SO_REUSEPORT (default %(default)s)")
+    add("--health-interval", type=float, default=bdefault.health_interval_s,
+        help="seconds between readiness probes of each backend (default %(default)s)")
+    add("--slow-start-s", type=float, default=bdefault.slow_start_s,
+        help="ramp a new or recovered backend's share of traffic up over this many seconds")
+    add("--timeout-ms", type=int, default=default["request_timeout_ms"],
+        help="default per-request deadline incl. retries; clients may send X-Fleetserve-Timeout-Ms "
+             "(default %(default)s)")
+    add("--max-body-bytes", type=int, default=default["max_body_bytes"],
+        help="largest request body accepted; 413 beyond (default %(default)s)")
+
+
+def config_from_args(args: argparse.Namespace) -> GatewayConfig:
+    """A validated config from the parsed options (ValueError naming the bad option)."""
+    balancer = BalancerConfig(policy=args.policy, health_interval_s=args.health_interval,
+                              slow_start_s=args.slow_start_s)
+    return GatewayConfig(
+        host=args.host, port=args.port, grpc_port=args.grpc_port, workers=args.workers,
+        backends=tuple(args.backend), discovery=args.discovery, discovery_file=args.discovery_file,
+        dns_name=args.dns_name, dns_port=args.dns_port, request_timeout_ms=args.timeout_ms,
+        max_body_bytes=args.max_body_bytes, balancer=balancer,
+    )
+
+
+def run(args: argparse.Namespace) -> int:
+    return run_gateway(config_from_args(args))
