@@ -63,6 +63,11 @@ class PeakEwma:
         self._updated_at = now
         self._measured = False
 
+    @property
+    def measured(self) -> bool:
+        """Whether any real sample has replaced the default since creation or the last reset."""
+        return self._measured
+
     def estimate(self, now: float) -> float:
         """The estimate decayed to ``now`` (towards zero, never below a small floor)."""
         elapsed = now - self._updated_at

@@ -278,3 +278,33 @@ def test_queue_aware_falls_back_to_local_pending_when_reports_are_stale() -> Non
     assert policy.choose([a, b], CTX) == b
     clock.now += 10.0  # a's report is older than report_max_age_s
     assert policy.choose([a, b], CTX) == a
+
+
+def test_p2c_peak_ewma_does_not_starve_a_new_endpoint() -> None:
+    """A never-sampled endpoint competes on pending work, not on a default far above a warm fleet's latency."""
+
+
+
+
+
+    now = [0.0]
+    balancer = Balancer(BalancerConfig(policy="p2c-peak-ewma"), clock=lambda: now[0], rng=random.Random(3))
+    warm = [Endpoint.from_url(f"http://10.0.0.{i}:8000") for i in (1, 2)]
+    for ep in warm:
+        balancer.apply(Insert(ep))
+    ctx = RequestContext("POST", "/inference", 0, {}, "r")
+    for _ in range(50):  # sequential light load: the fleet's latency settles at 3 ms
+        ep = balancer.pick(ctx)
+        assert ep is not None
+        balancer.start(ep).finish(status=200, latency_s=0.003)
+        now[0] += 0.01
+    new = Endpoint.from_url("http://10.0.0.3:8000")
+    balancer.apply(Insert(new))
+    picks = []
+    for _ in range(60):
+        ep = balancer.pick(ctx)
+        assert ep is not None
+        picks.append(ep)
+        balancer.start(ep).finish(status=200, latency_s=0.003)
+        now[0] += 0.01
+    assert picks.count(new) >= 10

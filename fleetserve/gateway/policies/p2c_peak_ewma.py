@@ -7,7 +7,9 @@ throttled GPU, a noisy neighbour) loses traffic at once and regains it as its es
 requests raise the estimate (see :mod:`fleetserve.gateway.load`).
 
 The cost is divided by the effective weight, so weights and slow start shift the comparison the same
-way they shift ``least-pending``.
+way they shift ``least-pending``. An endpoint without a latency sample yet (new, or just re-admitted)
+borrows its rival's estimate, so the pair is compared on pending work alone: a fixed default would make
+it look either far slower than a warm fleet (starved until the default decays) or far faster (a burst).
 """
 
 from __future__ import annotations
@@ -25,9 +27,14 @@ class P2CPeakEwma(StatelessPolicy):
         self._clock = clock
         self._rng = rng
 
-    def _cost(self, ep: Endpoint, now: float) -> float:
+    def _cost(self, ep: Endpoint, rival: Endpoint, now: float) -> float:
         load = self._signals.load(ep)
-        return load.ewma_cost(now) / load.effective_weight(now)
+        if load.ewma.measured:
+            latency = load.ewma.estimate(now)
+        else:
+            other = self._signals.load(rival).ewma
+            latency = other.estimate(now) if other.measured else load.ewma.estimate(now)
+        return latency * (load.pending + 1) / load.effective_weight(now)
 
     def choose(self, candidates: Sequence[Endpoint], ctx: RequestContext) -> Endpoint:
         if len(candidates) == 1:
@@ -35,4 +42,4 @@ class P2CPeakEwma(StatelessPolicy):
         i, j = two_distinct(self._rng, len(candidates))
         a, b = candidates[i], candidates[j]
         now = self._clock()
-        return b if self._cost(b, now) < self._cost(a, now) else a
+        return b if self._cost(b, a, now) < self._cost(a, b, now) else a
