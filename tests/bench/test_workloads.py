@@ -1,0 +1,122 @@
+from __future__ import annotations
+
+import json
+import random
+
+import numpy as np
+import pytest
+
+from fleetserve.bench.words import WORDS
+from fleetserve.bench.workloads import (
+    CLS_ID,
+    HEADER_LENGTH,
+    LONG_TOKENS,
+    RANK_CANDIDATES,
+    SEP_ID,
+    SHORT_TOKENS,
+    V2_INPUTS,
+    Payload,
+    WorkloadConfig,
+    make_payloads,
+)
+
+
+def pool(
+    name: str, *, long_fraction: float = 0.1, size: int = 300, seed: int = 0, model: str = "minilm"
+) -> list[Payload]:
+    return make_payloads(WorkloadConfig(name, model, long_fraction, size), random.Random(seed))
+
+
+def text_lengths(payloads: list[Payload]) -> np.ndarray:
+    return np.array([len(json.loads(p.body)["texts"][0].split()) for p in payloads])
+
+
+def test_words_are_distinct_lowercase_words() -> None:
+    assert len(WORDS) == len(set(WORDS)) > 200
+    assert all(w.isalpha() and w.islower() for w in WORDS)
+
+
+def test_texts_follow_the_length_mix() -> None:
+    payloads = pool("texts", long_fraction=0.2, size=2000)
+    assert {p.path for p in payloads} == {"/inference"}
+    lengths = text_lengths(payloads)
+    long = lengths >= LONG_TOKENS[0]
+    assert long.mean() == pytest.approx(0.2, abs=0.03)
+    assert lengths[~long].min() >= SHORT_TOKENS[0] and lengths[~long].max() <= SHORT_TOKENS[1]
+    assert lengths[long].max() <= LONG_TOKENS[1]
+    assert set(" ".join(json.loads(p.body)["texts"][0] for p in payloads[:50]).split()) <= set(WORDS)
+
+
+@pytest.mark.parametrize(("fraction", "expect_long"), [(0.0, False), (1.0, True)])
+def test_long_fraction_extremes(fraction: float, expect_long: bool) -> None:
+    assert ((text_lengths(pool("texts", long_fraction=fraction)) >= LONG_TOKENS[0]) == expect_long).all()
+
+
+def test_rank_payload_is_well_formed() -> None:
+    for p in pool("rank", size=20):
+        body = json.loads(p.body)
+        assert set(body) == {"query", "candidates", "top_k"}
+        assert isinstance(body["query"], str) and body["query"]
+        assert len(body["candidates"]) == RANK_CANDIDATES
+        assert 1 <= body["top_k"] <= RANK_CANDIDATES
+
+
+def check_tensors(tensors: dict[str, np.ndarray]) -> None:
+    assert list(tensors) == list(V2_INPUTS)
+    ids = tensors["input_ids"]
+    assert ids.shape[0] == 1 and SHORT_TOKENS[0] <= ids.shape[1] <= LONG_TOKENS[1]
+    assert ids[0, 0] == CLS_ID and ids[0, -1] == SEP_ID
+    assert (tensors["attention_mask"] == 1).all() and (tensors["token_type_ids"] == 0).all()
+    assert all(t.shape == ids.shape for t in tensors.values())
+
+
+def test_v2_json_payload_is_well_formed() -> None:
+    for p in pool("v2-json", size=20):
+        assert p.path == "/v2/models/minilm/infer" and p.content_type == "application/json"
+        inputs = json.loads(p.body)["inputs"]
+        assert all(i["datatype"] == "INT64" for i in inputs)
+        tensors = {i["name"]: np.array(i["data"], dtype=np.int64).reshape(i["shape"]) for i in inputs}
+        check_tensors(tensors)
+
+
+def parse_binary(p: Payload) -> dict[str, np.ndarray]:
+    """Decode the KServe v2 binary tensor extension independently of the encoder."""
+    header_len = int(dict(p.headers)[HEADER_LENGTH])
+    header = json.loads(p.body[:header_len])
+    tensors, at = {}, header_len
+    for i in header["inputs"]:
+        assert "data" not in i and i["datatype"] == "INT64"
+        size = i["parameters"]["binary_data_size"]
+        tensors[i["name"]] = np.frombuffer(p.body[at : at + size], dtype="<i8").reshape(i["shape"])
+        at += size
+    assert at == len(p.body), "binary sizes must add up to the body length"
+    return tensors
+
+
+def test_v2_binary_payload_parses_with_the_header_length() -> None:
+    for p in pool("v2-binary", size=20):
+        assert p.content_type == "application/octet-stream"
+        check_tensors(parse_binary(p))
+
+
+def test_model_name_is_escaped_into_the_path() -> None:
+    assert pool("v2-json", size=1, model="team/bert base")[0].path == "/v2/models/team%2Fbert%20base/infer"
+
+
+def test_payloads_are_seeded() -> None:
+    assert pool("texts", seed=3) == pool("texts", seed=3)
+    assert pool("texts", seed=3) != pool("texts", seed=4)
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "message"),
+    [
+        ({"name": "images"}, "unknown workload"),
+        ({"model": ""}, "model"),
+        ({"long_fraction": 1.5}, "long_fraction"),
+        ({"pool_size": 0}, "pool_size"),
+    ],
+)
+def test_workload_config_validation(kwargs: dict[str, object], message: str) -> None:
+    with pytest.raises(ValueError, match=message):
+        WorkloadConfig(**kwargs)  # type: ignore[arg-type]
