@@ -50,6 +50,7 @@ class BalancerConfig:
     unhealthy_threshold: int = 3
     healthy_threshold: int = 2
     consecutive_errors: int = 5
+    consecutive_connect_errors: int = 2
     base_ejection_s: float = 5.0
     max_ejection_s: float = 300.0
     max_ejection_percent: float = 50.0
@@ -83,6 +84,7 @@ class BalancerConfig:
     def outlier_config(self) -> OutlierConfig:
         return OutlierConfig(
             self.consecutive_errors,
+            self.consecutive_connect_errors,
             self.base_ejection_s,
             self.max_ejection_s,
             self.max_ejection_percent,
@@ -372,7 +374,9 @@ class Balancer:
             load.report(headers, now)
         if (status is None and not connect_error) or self._entries.get(entry.endpoint.url) is not entry:
             return
-        until = self._outlier.record(entry.outlier, failed, now, self._ejected, len(self._entries))
+        until = self._outlier.record(
+            entry.outlier, failed, now, self._ejected, len(self._entries), connect_error=connect_error
+        )
         if until is not None:
             self._ejected += 1
             self._dirty = True

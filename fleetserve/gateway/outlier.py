@@ -8,6 +8,10 @@ for every ``multiplier_decay_s`` the endpoint stays in service, so an old incide
 new ejections. An ejection never takes more than ``max_ejection_percent`` of the fleet out
 (Envoy ejects at least one host regardless; we do not, so a one-replica fleet is never ejected).
 
+Connect failures also keep a streak of their own with a lower threshold (``consecutive_connect_errors``,
+Envoy's split local-origin mode): a refused connection means nothing listens there any more — a crashed
+or restarting replica — and waiting for five of them only spends retries.
+
 Re-admission is lazy: the balancer asks :meth:`OutlierDetector.expired` when it picks, so no timer
 runs per endpoint.
 """
@@ -20,6 +24,7 @@ from dataclasses import dataclass
 @dataclass(frozen=True)
 class OutlierConfig:
     consecutive_errors: int = 5
+    consecutive_connect_errors: int = 2
     base_ejection_s: float = 5.0
     max_ejection_s: float = 300.0
     max_ejection_percent: float = 50.0
@@ -28,6 +33,8 @@ class OutlierConfig:
     def __post_init__(self) -> None:
         if self.consecutive_errors < 1:
             raise ValueError(f"consecutive_errors must be >= 1, got {self.consecutive_errors}")
+        if self.consecutive_connect_errors < 1:
+            raise ValueError(f"consecutive_connect_errors must be >= 1, got {self.consecutive_connect_errors}")
         if self.base_ejection_s <= 0:
             raise ValueError(f"base_ejection_s must be > 0, got {self.base_ejection_s}")
         if self.max_ejection_s < self.base_ejection_s:
@@ -43,10 +50,14 @@ class OutlierConfig:
 class OutlierState:
     """Failure streak and ejection history of one endpoint."""
 
-    __slots__ = ("consecutive_failures", "ejected_until", "ejections_total", "multiplier", "readmitted_at")
+    __slots__ = (
+        "consecutive_connect_failures", "consecutive_failures", "ejected_until", "ejections_total", "multiplier",
+        "readmitted_at",
+    )
 
     def __init__(self) -> None:
         self.consecutive_failures = 0
+        self.consecutive_connect_failures = 0
         self.multiplier = 0
         self.ejections_total = 0
         self.ejected_until: float | None = None
@@ -77,13 +88,21 @@ class OutlierDetector:
         """Whether one more ejection keeps the ejected share within ``max_ejection_percent``."""
         return (ejected + 1) * 100 <= self.config.max_ejection_percent * total
 
-    def record(self, state: OutlierState, failed: bool, now: float, ejected: int, total: int) -> float | None:
+    def record(
+        self, state: OutlierState, failed: bool, now: float, ejected: int, total: int, connect_error: bool = False
+    ) -> float | None:
         """Count one request outcome; when it ejects the endpoint, return the time it ends."""
         if not failed:
             state.consecutive_failures = 0
+            state.consecutive_connect_failures = 0
             return None
         state.consecutive_failures += 1
-        if state.ejected or state.consecutive_failures < self.config.consecutive_errors:
+        state.consecutive_connect_failures = state.consecutive_connect_failures + 1 if connect_error else 0
+        tripped = (
+            state.consecutive_failures >= self.config.consecutive_errors
+            or state.consecutive_connect_failures >= self.config.consecutive_connect_errors
+        )
+        if state.ejected or not tripped:
             return None
         if not self.may_eject(ejected, total):
             return None
@@ -106,3 +125,4 @@ class OutlierDetector:
         state.ejected_until = None
         state.readmitted_at = now
         state.consecutive_failures = 0
+        state.consecutive_connect_failures = 0

@@ -130,7 +130,7 @@ def test_4xx_is_success_and_client_abort_is_no_verdict() -> None:
     balancer.start(eps[0]).finish(status=404, latency_s=0.01)
     assert balancer.snapshot()[0]["consecutive_failures"] == 0
     for _ in range(4):
-        balancer.start(eps[0]).finish(connect_error=True, latency_s=0.001)
+        balancer.start(eps[0]).finish(status=503, latency_s=0.001)
     balancer.start(eps[0]).finish(status=None, latency_s=0.001)
     assert balancer.snapshot()[0]["consecutive_failures"] == 4
     assert balancer.snapshot()[0]["state"] == "healthy"

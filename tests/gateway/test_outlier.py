@@ -92,3 +92,18 @@ def test_readmit_resets_the_streak() -> None:
 def test_config_validation(kwargs: dict[str, float], message: str) -> None:
     with pytest.raises(ValueError, match=message):
         OutlierConfig(**kwargs)  # type: ignore[arg-type]
+
+
+def test_connect_errors_eject_sooner_than_5xx() -> None:
+    detector = OutlierDetector(OutlierConfig(consecutive_errors=5, consecutive_connect_errors=2))
+    refused, failing = OutlierState(), OutlierState()
+    assert detector.record(refused, True, 0.0, 0, 4, connect_error=True) is None
+    assert detector.record(refused, True, 0.1, 0, 4, connect_error=True) == 5.1
+    for i in range(4):
+        assert detector.record(failing, True, float(i), 1, 4) is None
+    # A 5xx in between breaks a connect-error streak but still counts towards the general one.
+    mixed = OutlierState()
+    detector.record(mixed, True, 0.0, 0, 4, connect_error=True)
+    detector.record(mixed, True, 0.1, 0, 4)
+    assert detector.record(mixed, True, 0.2, 0, 4, connect_error=True) is None
+    assert mixed.consecutive_failures == 3
