@@ -11,13 +11,14 @@ from __future__ import annotations
 import hashlib
 import json
 import logging
-import os
 import shutil
 import tempfile
 import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
+
+from fleetserve.models.store import publish
 
 log = logging.getLogger(__name__)
 
@@ -100,9 +101,7 @@ class EngineCache:
             meta.setdefault("created", time.time())
             (tmp / MANIFEST).write_text(json.dumps({"key": key, "files": files, "meta": meta}, indent=2))
             final = self._dir(key)
-            if final.exists():
-                shutil.rmtree(final)
-            os.replace(tmp, final)
+            publish(tmp, final)
         finally:
             if tmp.exists():
                 shutil.rmtree(tmp, ignore_errors=True)

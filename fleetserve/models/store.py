@@ -18,6 +18,16 @@ from fleetserve.errors import ModelNotFound
 from fleetserve.models.zoo import get_zoo_model
 
 
+def publish(tmp: Path, final: Path) -> None:
+    """Atomically move a finished directory into place. If another process published the same content
+    first (two replicas exporting at once), keep theirs: replacing it would pull files from under a reader."""
+    try:
+        os.rename(tmp, final)
+    except OSError:
+        if not final.is_dir():
+            raise
+
+
 def fleetserve_home() -> Path:
     return Path(os.environ.get("FLEETSERVE_HOME") or Path.home() / ".cache" / "fleetserve")
 
@@ -78,10 +88,7 @@ class ModelStore:
         try:
             zoo.materializer()(tmp)
             ModelMeta(zoo.name, zoo.hidden_size, zoo.max_seq).write(tmp)
-            final = self.models_dir / name
-            if final.exists():
-                shutil.rmtree(final)
-            os.replace(tmp, final)
+            publish(tmp, self.models_dir / name)
         finally:
             if tmp.exists():
                 shutil.rmtree(tmp, ignore_errors=True)

@@ -72,3 +72,13 @@ def test_remove_by_prefix(tmp_path: Path) -> None:
     cache.put("ab2", _writer(b"2"))
     assert cache.remove("aa") == ["aa1"]
     assert [e.key for e in cache.entries()] == ["ab2"]
+
+
+def test_concurrent_publish_keeps_the_first(tmp_path: Path) -> None:
+    cache = EngineCache(tmp_path)
+    first = cache.put("k1", _writer(b"first"))
+    second = cache.put("k1", _writer(b"second"))
+    assert (second.directory / "model.onnx").read_bytes() == b"first"
+    assert first.directory == second.directory
+    assert cache.get("k1") is not None
+    assert not [p for p in tmp_path.iterdir() if p.name.startswith(".")]
