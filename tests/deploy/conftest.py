@@ -1,0 +1,34 @@
+"""Fixtures for the deploy tests: the third-party binaries, skipped with the reason when absent."""
+
+from __future__ import annotations
+
+import pytest
+
+from fleetserve.deploy.local import ProxyUnavailable, find_binary
+
+
+def _binary(name: str) -> str:
+    try:
+        return find_binary(name)
+    except ProxyUnavailable as exc:
+        pytest.skip(f"{exc}; `make setup` installs it")
+
+
+@pytest.fixture(scope="session")
+def nginx_bin() -> str:
+    return _binary("nginx")
+
+
+@pytest.fixture(scope="session")
+def haproxy_bin() -> str:
+    return _binary("haproxy")
+
+
+@pytest.fixture(scope="session")
+def promtool_bin() -> str:
+    return _binary("promtool")
+
+
+@pytest.fixture(scope="session")
+def kubectl_bin() -> str:
+    return _binary("kubectl")
