@@ -40,6 +40,7 @@ class FleetConfig:
     stable_s: float = 30.0
     ready_timeout_s: float = 300.0
     status_interval_s: float = 2.0
+    gateway: bool = True  # False: replicas only (e.g. NGINX or HAProxy in front instead)
     cores: int = field(default_factory=lambda: len(os.sched_getaffinity(0)))
 
     def __post_init__(self) -> None:
@@ -83,7 +84,7 @@ class Member:
     ready: bool = False
 
 
-def _ready(url: str) -> bool:
+def http_ok(url: str) -> bool:
     try:
         with urllib.request.urlopen(url, timeout=1) as r:
             return bool(r.status == 200)
@@ -121,7 +122,7 @@ class Supervisor:
 
     @property
     def members(self) -> list[Member]:
-        return [*self.replicas, self.gateway]
+        return [*self.replicas, self.gateway] if self.config.gateway else list(self.replicas)
 
     async def _spawn(self, m: Member) -> None:
         m.process = await asyncio.create_subprocess_exec(*m.argv, stdin=asyncio.subprocess.DEVNULL)
@@ -145,20 +146,21 @@ class Supervisor:
 
     async def _poll_ready(self) -> None:
         members = self.members
-        states = await asyncio.gather(*(asyncio.to_thread(_ready, m.url + m.ready_path) for m in members))
+        states = await asyncio.gather(*(asyncio.to_thread(http_ok, m.url + m.ready_path) for m in members))
         for m, ok in zip(members, states, strict=True):
             m.ready = ok
 
     def status_line(self) -> str:
         ready = sum(m.ready for m in self.replicas)
         restarts = sum(m.restarts for m in self.replicas)
-        gw = "up" if self.gateway.ready else "down"
-        return f"replicas ready {ready}/{len(self.replicas)} | restarts {restarts} | gateway {gw}"
+        line = f"replicas ready {ready}/{len(self.replicas)} | restarts {restarts}"
+        return line + (f" | gateway {'up' if self.gateway.ready else 'down'}" if self.config.gateway else "")
 
     async def start(self) -> None:
         for m in self.replicas:
             await self._spawn(m)
-        await self._spawn(self.gateway)
+        if self.config.gateway:
+            await self._spawn(self.gateway)
 
     async def wait_ready(self) -> None:
         deadline = self.clock() + self.config.ready_timeout_s
@@ -174,7 +176,7 @@ class Supervisor:
 
     async def stop(self) -> None:
         self.stopping = True
-        for group in ([self.gateway], self.replicas):
+        for group in ([self.gateway], self.replicas) if self.config.gateway else (self.replicas,):
             procs = [m.process for m in group if m.process is not None and m.process.returncode is None]
             for p in procs:
                 p.send_signal(signal.SIGTERM)
@@ -191,8 +193,9 @@ class Supervisor:
         try:
             await self.wait_ready()
             c = self.config
-            print(f"fleet ready: gateway {self.gateway.url}  (metrics {self.gateway.url}/metrics, "
-                  f"backends {self.gateway.url}/gateway/backends)", flush=True)
+            if c.gateway:
+                print(f"fleet ready: gateway {self.gateway.url}  (metrics {self.gateway.url}/metrics, "
+                      f"backends {self.gateway.url}/gateway/backends)", flush=True)
             for m in self.replicas:
                 print(f"  {m.name}: {m.url}  grpc {c.host}:{int(m.url.rsplit(':', 1)[1]) + 1}", flush=True)
             while not stop.is_set():

@@ -1,0 +1,203 @@
+"""Scenario runs: a local fleet, a front (our gateway, NGINX, HAProxy), open-loop load and one fault.
+
+The same harness backs ``benchmarks/gateway.py`` (long runs, recorded in BENCHMARKS.md) and the slow
+integration tests (short runs with assertions). Faults (see :mod:`fleetserve.bench.faults`) hit replica 0:
+``throttle`` (SIGSTOP duty cycle), ``crash`` (SIGKILL; the supervisor restarts it) and ``rolling``
+(SIGTERM every replica in turn). With our gateway in front, the harness also records when the gateway
+stopped routing to the faulty replica and when it took it back, from ``GET /gateway/backends``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import os
+import time
+import urllib.request
+from collections.abc import AsyncIterator
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from fleetserve.bench import faults
+from fleetserve.bench.loadgen import LoadConfig, run_load
+from fleetserve.bench.report import LoadReport
+from fleetserve.fleet.supervisor import FleetConfig, Supervisor, http_ok
+
+FRONTS = ("fleetserve", "nginx-round-robin", "nginx-least-conn", "haproxy-leastconn", "direct")
+FAULTS = ("none", "throttle", "crash", "rolling")
+
+
+@dataclass(frozen=True)
+class ScenarioConfig:
+    fault: str = "none"
+    front: str = "fleetserve"
+    policy: str = "p2c-peak-ewma"
+    model: str = "tiny"
+    replicas: int = 4
+    rate: float | None = 200.0
+    concurrency: int | None = None
+    duration_s: float = 30.0
+    warmup_s: float = 2.0
+    fault_at_s: float = 5.0  # seconds into the measured window
+    base_port: int = 20100
+    gateway_port: int = 20080
+    gateway_args: tuple[str, ...] = ()
+    replica_args: tuple[str, ...] = ()
+
+    def __post_init__(self) -> None:
+        if self.fault not in FAULTS:
+            raise ValueError(f"fault must be one of {FAULTS}, got {self.fault!r}")
+        if self.front not in FRONTS:
+            raise ValueError(f"front must be one of {FRONTS}, got {self.front!r}")
+
+
+@dataclass
+class ScenarioResult:
+    config: ScenarioConfig
+    report: LoadReport
+    events: dict[str, float] = field(default_factory=dict)
+
+    def row(self) -> dict[str, object]:
+        r = self.report
+        return {
+            "fault": self.config.fault, "front": self.config.front,
+            "policy": self.config.policy if self.config.front == "fleetserve" else "",
+            "ok_rps": r.achieved_rps, "errors": r.errors,
+            "p50_ms": r.percentile(50) * 1e3, "p99_ms": r.percentile(99) * 1e3, "p999_ms": r.percentile(99.9) * 1e3,
+            **self.events,
+        }
+
+
+def _backends(gateway_url: str) -> list[dict[str, object]]:
+    with urllib.request.urlopen(f"{gateway_url}/gateway/backends", timeout=2) as resp:
+        rows: list[dict[str, object]] = json.loads(resp.read())["backends"]
+        return rows
+
+
+async def _watch_state(gateway_url: str, url: str, since: float, events: dict[str, float], stop: asyncio.Event) -> None:
+    """Record when the gateway stopped treating ``url`` as routable and when it took it back."""
+    while not stop.is_set():
+        try:
+            rows = await asyncio.to_thread(_backends, gateway_url)
+        except OSError:
+            rows = []
+        state = next((str(r.get("state")) for r in rows if r.get("url") == url), "")
+        now = time.monotonic() - since
+        if state and state != "healthy" and "out_after_s" not in events:
+            events["out_after_s"] = now
+        if state == "healthy" and "out_after_s" in events and "back_after_s" not in events:
+            events["back_after_s"] = now
+        await asyncio.sleep(0.05)
+
+
+def tree_cpu_seconds(pid: int) -> float:
+    """CPU time (user + system) of ``pid`` and all its descendants, from /proc (Linux)."""
+    tick = os.sysconf("SC_CLK_TCK")
+    stats: dict[int, tuple[int, float]] = {}
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit():
+            continue
+        try:
+            raw = Path(f"/proc/{entry}/stat").read_text()
+        except OSError:
+            continue
+        fields = raw[raw.rindex(")") + 2 :].split()
+        stats[int(entry)] = (int(fields[1]), (int(fields[11]) + int(fields[12])) / tick)
+    total, frontier = 0.0, {pid}
+    while frontier:
+        total += sum(stats[p][1] for p in frontier if p in stats)
+        frontier = {child for child, (parent, _) in stats.items() if parent in frontier}
+    return total
+
+
+@contextlib.asynccontextmanager
+async def _front(cfg: ScenarioConfig, supervisor: Supervisor) -> AsyncIterator[tuple[str, int | None]]:
+    if cfg.front == "fleetserve":
+        assert supervisor.gateway.process is not None
+        yield supervisor.gateway.url, supervisor.gateway.process.pid
+        return
+    if cfg.front == "direct":
+        yield supervisor.replicas[0].url, None
+        return
+    from fleetserve.deploy.local import HaproxyProcess, NginxProcess
+
+    backends = [(m.url, 1.0) for m in supervisor.replicas]
+    if cfg.front.startswith("nginx"):
+        policy = "least_conn" if cfg.front.endswith("least-conn") else "round-robin"
+        proc: NginxProcess | HaproxyProcess = NginxProcess(
+            backends, port=cfg.gateway_port + 1, policy=policy, access_log=False
+        )
+    else:
+        # Same active health-check pace as our gateway in these runs (--health-interval 1).
+        proc = HaproxyProcess(backends, port=cfg.gateway_port + 1, policy="leastconn", access_log=False,
+                              health_interval_s=1.0)
+    with proc:
+        yield proc.url, proc.pid
+
+
+async def run_scenario(cfg: ScenarioConfig) -> ScenarioResult:
+    fleet = FleetConfig(
+        model=cfg.model, replicas=1 if cfg.front == "direct" else cfg.replicas, gateway_port=cfg.gateway_port,
+        base_port=cfg.base_port, policy=cfg.policy, gateway=cfg.front == "fleetserve",
+        gateway_args=("--health-interval", "1", *cfg.gateway_args), replica_args=cfg.replica_args,
+        status_interval_s=3600,
+    )
+    supervisor = Supervisor(fleet)
+    stop_fleet = asyncio.Event()
+    fleet_task = asyncio.create_task(supervisor.run(stop_fleet))
+    events: dict[str, float] = {}
+    stop_fault = asyncio.Event()
+    background: list[asyncio.Task[object]] = []
+    try:
+        while not all(m.ready for m in supervisor.members):
+            if fleet_task.done():
+                fleet_task.result()
+                raise RuntimeError("fleet stopped before it was ready")
+            await asyncio.sleep(0.1)
+        async with _front(cfg, supervisor) as (url, front_pid):
+            load = asyncio.create_task(run_load(LoadConfig(
+                url=url, rate=cfg.rate, concurrency=cfg.concurrency, duration_s=cfg.duration_s,
+                warmup_s=cfg.warmup_s, workload="texts", model=cfg.model,
+            )))
+            await asyncio.sleep(cfg.warmup_s)
+            cpu_start = tree_cpu_seconds(front_pid) if front_pid else 0.0
+            if cfg.fault in ("crash", "rolling"):
+                await asyncio.sleep(cfg.fault_at_s)
+            victim = supervisor.replicas[0]
+            t0 = time.monotonic()
+            if cfg.front == "fleetserve" and cfg.fault != "none":
+                background.append(asyncio.create_task(_watch_state(url, victim.url, t0, events, stop_fault)))
+            if cfg.fault == "throttle":
+                assert victim.process is not None
+                background.append(asyncio.create_task(faults.duty_cycle_stop(victim.process.pid, stop_fault)))
+            elif cfg.fault == "crash":
+                assert victim.process is not None
+                faults.crash(victim.process.pid)
+            elif cfg.fault == "rolling":
+                async def ready(i: int) -> None:
+                    member = supervisor.replicas[i]
+                    await asyncio.sleep(0.5)
+                    while not await asyncio.to_thread(http_ok, f"{member.url}/v2/health/ready"):
+                        await asyncio.sleep(0.1)
+
+                background.append(asyncio.create_task(faults.rolling_restart(
+                    lambda: [m.process.pid for m in supervisor.replicas if m.process is not None], ready)))
+            report = await load
+            if front_pid:
+                # Health checks and metrics scrapes are in the CPU too: a small, honest overcount.
+                cpu = tree_cpu_seconds(front_pid) - cpu_start
+                events["front_cpu_us_per_req"] = cpu / max(1, report.requests) * 1e6
+            events["restarts"] = float(sum(m.restarts for m in supervisor.replicas))
+            return ScenarioResult(cfg, report, events)
+    finally:
+        stop_fault.set()
+        for task in background:
+            task.cancel()
+        await asyncio.gather(*background, return_exceptions=True)
+        stop_fleet.set()
+        await fleet_task
+
+
+def write_results(results: list[ScenarioResult], path: Path) -> None:
+    path.write_text(json.dumps([{"row": r.row(), "report": r.report.to_json()} for r in results], indent=2))
