@@ -9,7 +9,7 @@ PYTEST_ARGS ?=
 
 .PHONY: help setup system-deps test test-all demo bench lint clean
 help:
-	@echo "make demo      build the default engine and measure it (a running fleet once the gateway lands)"
+	@echo "make demo      build + measure the engine, start a local fleet, drive 20 s of load through it, report"
 	@echo "make test      fast test suite (unit + integration with real processes)"
 	@echo "make test-all  everything, including slow scenario tests"
 	@echo "make bench     engine benchmark -> table for BENCHMARKS.md"
@@ -41,9 +41,8 @@ test-all: setup
 	$(PY) -m pytest -q -m "" $(PYTEST_ARGS)
 
 demo: setup
-	$(PY) -m fleetserve.cli build minilm --precision fp32
-	$(PY) -m fleetserve.cli build minilm --precision int8
 	$(PY) benchmarks/engine.py --quick
+	$(PY) -m fleetserve.fleet.demo --model minilm --precision int8 --replicas 2 --rate 100 --duration 20
 
 bench: setup
 	$(PY) benchmarks/engine.py
