@@ -62,6 +62,12 @@ class ReplicaConfig:
     drain_grace_s: float = 5.0
     drain_timeout_s: float = 30.0
     extra_latency_ms: float = 0.0  # fault injection: added service time per request (a slow GPU)
+    # bucket: pad to sequence buckets, grouped by length; longest: pad a batch to its longest request;
+    # fixed: truncate and pad every request to fixed_seq tokens (a tokenizer's fixed padding).
+    padding: str = "bucket"
+    fixed_seq: int = 128
+    # Let overdue short requests ride in a longer bucket's spare rows (BatcherConfig.promote_overdue).
+    promote_overdue: bool = True
 
     def __post_init__(self) -> None:
         for name in ("port", "grpc_port"):
@@ -76,3 +82,7 @@ class ReplicaConfig:
             raise ValueError("delays and timeouts must be non-negative (drain timeout positive)")
         if self.max_body_bytes < 1024:
             raise ValueError(f"max_body_bytes must be >= 1024, got {self.max_body_bytes}")
+        if self.padding not in ("bucket", "longest", "fixed"):
+            raise ValueError(f"padding must be bucket, longest or fixed, got {self.padding!r}")
+        if self.fixed_seq < 1:
+            raise ValueError(f"fixed_seq must be >= 1, got {self.fixed_seq}")

@@ -10,6 +10,9 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
+# How a batch's sequence length is chosen; see ``BatcherConfig.pad_to``.
+PAD_MODES = ("bucket", "longest")
+
 
 def _require_int(name: str, value: object, minimum: int) -> int:
     if isinstance(value, bool) or not isinstance(value, int):
@@ -35,6 +38,10 @@ class BatcherConfig:
     - ``default_priority``: level of requests that name none; ``None`` means the lowest level.
     - ``promote_overdue``: let requests of a shorter bucket that already waited past ``max_delay_s``
       fill spare rows of a longer bucket's batch (padded up) instead of waiting for another engine call.
+    - ``pad_to``: ``"bucket"`` groups requests by sequence bucket and pads a batch to its bucket;
+      ``"longest"`` keeps one queue for all lengths (batches form by arrival alone) and pads a batch to
+      its longest request, like a length-unaware batcher. A fixed length for every request is
+      ``"bucket"`` with a single bucket (``seq_buckets=(128,)``).
     """
 
     max_batch: int = 32
@@ -46,6 +53,7 @@ class BatcherConfig:
     priority_levels: int = 2
     default_priority: int | None = None
     promote_overdue: bool = True
+    pad_to: str = "bucket"
 
     def __post_init__(self) -> None:
         _require_int("max_batch", self.max_batch, 1)
@@ -78,6 +86,8 @@ class BatcherConfig:
         object.__setattr__(self, "default_priority", default)
         if not isinstance(self.promote_overdue, bool):
             raise ValueError(f"promote_overdue must be a bool, got {self.promote_overdue!r}")
+        if self.pad_to not in PAD_MODES:
+            raise ValueError(f"pad_to must be one of {', '.join(PAD_MODES)}, got {self.pad_to!r}")
 
     @property
     def default_level(self) -> int:

@@ -152,7 +152,11 @@ class Batcher:
         if timeout is not None and not (isinstance(timeout, int | float) and timeout > 0):
             raise InvalidInput(f"timeout must be a positive number of seconds, got {timeout!r}")
         request = self._layout.validate(inputs)
-        bucket = self._seq_buckets[bisect.bisect_left(self._seq_buckets, request.seq)]
+        if self._config.pad_to == "longest":
+            # One queue for every length, so batches form by arrival alone; _run pads to the longest.
+            bucket = self._seq_buckets[-1]
+        else:
+            bucket = self._seq_buckets[bisect.bisect_left(self._seq_buckets, request.seq)]
         now = self._clock()
         job = _Job(request, asyncio.get_running_loop().create_future(), timeout)
         try:
@@ -240,11 +244,12 @@ class Batcher:
     async def _run(self, instance: EngineInstance, batch: Batch[_Job], waits: list[float]) -> None:
         assert self._executor is not None
         jobs = [e.payload for e in batch.entries]
+        seq = max(job.request.seq for job in jobs) if self._config.pad_to == "longest" else batch.seq
         loop = asyncio.get_running_loop()
         try:
-            results, compute_s = await loop.run_in_executor(self._executor, self._execute, instance, jobs, batch.seq)
+            results, compute_s = await loop.run_in_executor(self._executor, self._execute, instance, jobs, seq)
         except Exception as exc:
-            log.warning("batch of %d rows (seq %d) failed: %r", batch.rows, batch.seq, exc)
+            log.warning("batch of %d rows (seq %d) failed: %r", batch.rows, seq, exc)
             for job in jobs:
                 if not job.future.done():
                     job.future.set_exception(exc)
@@ -252,7 +257,7 @@ class Batcher:
             for job, result in zip(jobs, results, strict=True):
                 if not job.future.done():
                     job.future.set_result(result)
-            self._observer.on_batch(batch.rows, batch.seq, waits, compute_s)
+            self._observer.on_batch(batch.rows, seq, waits, compute_s)
         finally:
             self._inflight_rows -= batch.rows
             self._idle.append(instance)

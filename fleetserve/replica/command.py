@@ -31,6 +31,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="bucket: sequence buckets grouped by length; longest: pad a batch to its longest "
                              "request; fixed: truncate and pad every request to --fixed-seq tokens")
     parser.add_argument("--fixed-seq", type=int, default=128, help="tokens per request with --padding fixed")
+    parser.add_argument("--promote-overdue", action=argparse.BooleanOptionalAction, default=True,
+                        help="fill spare rows of a longer bucket's batch with overdue shorter requests, padded up")
     parser.add_argument("--extra-latency-ms", type=float, default=0.0,
                         help="fault injection: add service time per request (emulates a slow GPU)")
 
@@ -43,6 +45,7 @@ def replica_config(args: argparse.Namespace) -> ReplicaConfig:
         default_timeout_ms=args.default_timeout_ms, max_body_bytes=args.max_body_bytes,
         drain_grace_s=args.drain_grace_s, drain_timeout_s=args.drain_timeout_s,
         extra_latency_ms=args.extra_latency_ms, padding=args.padding, fixed_seq=args.fixed_seq,
+        promote_overdue=args.promote_overdue,
     )
 
 

@@ -87,6 +87,7 @@ async def start_replica(config: ReplicaConfig) -> Replica:
             default_timeout_s=config.default_timeout_ms / 1000 if config.default_timeout_ms else None,
             pad_to="longest" if config.padding == "longest" else "bucket",
             seq_buckets=(config.fixed_seq,) if config.padding == "fixed" else None,
+            promote_overdue=config.promote_overdue,
         ),
         instances=config.instances, observer=metrics,
     )

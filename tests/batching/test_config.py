@@ -22,6 +22,7 @@ def test_defaults_match_the_documented_ones() -> None:
     # Triton: a lower number is a higher priority; requests naming none get the lowest level.
     assert config.default_priority == 1
     assert config.default_level == 1
+    assert config.pad_to == "bucket"
 
 
 def test_sizes_and_buckets_are_sorted_and_deduplicated() -> None:
@@ -52,6 +53,7 @@ def test_default_priority_follows_the_number_of_levels() -> None:
         ({"priority_levels": 0}, "priority_levels must be >= 1"),
         ({"priority_levels": 2, "default_priority": 2}, "default_priority 2 is outside 0..1"),
         ({"promote_overdue": "yes"}, "promote_overdue must be a bool"),
+        ({"pad_to": "fixed"}, "pad_to must be one of bucket, longest, got 'fixed'"),
     ],
 )
 def test_invalid_values_are_rejected_with_a_clear_message(kwargs: dict[str, Any], message: str) -> None:

@@ -77,6 +77,46 @@ async def test_short_queries_are_not_padded_to_a_long_document(
     assert sorted(engine.calls) == [(1, 64), (2, 8)]
 
 
+@pytest.mark.parametrize(
+    ("pad_to", "seq_buckets"), [("longest", None), ("bucket", (64,))], ids=["longest", "fixed-64"]
+)
+async def test_padding_modes_keep_batched_equal_to_alone(
+    make_batcher: MakeBatcher,
+    make_request: MakeRequest,
+    reference: Reference,
+    engine: TinyEngine,
+    pad_to: str,
+    seq_buckets: tuple[int, ...] | None,
+) -> None:
+    observer = RecordingObserver()
+    batcher = make_batcher(max_batch=8, max_delay_s=0.05, pad_to=pad_to, seq_buckets=seq_buckets, observer=observer)
+    await batcher.start()
+    rng = np.random.default_rng(5)
+    requests = [make_request(int(rng.integers(1, 4)), int(rng.integers(1, 65))) for _ in range(30)]
+    results = await asyncio.gather(*(batcher.submit(r) for r in requests))
+    for request, result in zip(requests, results, strict=True):
+        alone = reference(request)
+        assert result["last_hidden_state"].shape[:2] == request["input_ids"].shape
+        for name in ("last_hidden_state", "sentence_embedding"):
+            np.testing.assert_allclose(result[name], alone[name], rtol=1e-5, atol=1e-6)
+    assert len(engine.calls) < len(requests)
+    if seq_buckets is not None:
+        assert {seq for _, seq in engine.calls} == set(seq_buckets)
+    else:
+        # Request ids are never 0, so a padded batch's last column is real tokens of its longest request.
+        assert all((ids[:, -1] != 0).any() for ids in engine.fed_ids)
+    assert [seq for _, seq, *_ in observer.batches] == [seq for _, seq in engine.calls]
+
+
+async def test_longest_padding_batches_all_lengths_together(
+    make_batcher: MakeBatcher, make_request: MakeRequest, engine: TinyEngine
+) -> None:
+    batcher = make_batcher(max_batch=8, max_delay_s=0.01, pad_to="longest")
+    await batcher.start()
+    await asyncio.gather(batcher.submit(make_request(2, 5)), batcher.submit(make_request(1, 40)))
+    assert engine.calls == [(3, 40)]
+
+
 async def test_two_instances_run_batches_concurrently(
     make_batcher: MakeBatcher, make_request: MakeRequest, engine: TinyEngine
 ) -> None:
