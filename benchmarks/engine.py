@@ -112,7 +112,7 @@ def main() -> None:
             feed = inputs_for(model, batch)
             base_tput = None
             for name, fn, info in variants:
-                lat = timeit(lambda fn=fn: fn(feed), min_iters, min_s)  # type: ignore[misc]
+                lat = timeit(lambda fn=fn, feed=feed: fn(feed), min_iters, min_s)  # type: ignore[misc]
                 med = statistics.median(lat)
                 p99 = float(np.percentile(lat, 99))
                 tput = batch / med

@@ -247,7 +247,7 @@ async def run(args: argparse.Namespace) -> dict[str, Any]:
             if setup == "a" and args.perf_analyzer:
                 print("== perf_analyzer against (a)", file=sys.stderr, flush=True)
                 result["perf_analyzer"] = await run_perf_analyzer(
-                    Path(args.perf_analyzer), server.url, MODEL, logs, max_batch=args.max_batch, seed=args.seed,
+                    Path(args.perf_analyzer), server.url, MODEL, logs, seed=args.seed,
                     concurrency=(1, 32),
                 )
         finally:

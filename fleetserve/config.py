@@ -62,12 +62,13 @@ class ReplicaConfig:
     drain_grace_s: float = 5.0
     drain_timeout_s: float = 30.0
     extra_latency_ms: float = 0.0  # fault injection: added service time per request (a slow GPU)
-    # bucket: pad to sequence buckets, grouped by length; longest: pad a batch to its longest request;
-    # fixed: truncate and pad every request to fixed_seq tokens (a tokenizer's fixed padding).
+    # bucket: group requests by sequence bucket, pad each batch to its longest request; longest: one
+    # queue for all lengths, pad to the longest; fixed: truncate and pad every request to fixed_seq tokens
+    # (a tokenizer's fixed padding).
     padding: str = "bucket"
     fixed_seq: int = 128
     # Let overdue short requests ride in a longer bucket's spare rows (BatcherConfig.promote_overdue).
-    promote_overdue: bool = True
+    promote_overdue: bool = False
 
     def __post_init__(self) -> None:
         for name in ("port", "grpc_port"):

@@ -38,10 +38,16 @@ class BatcherConfig:
     - ``default_priority``: level of requests that name none; ``None`` means the lowest level.
     - ``promote_overdue``: let requests of a shorter bucket that already waited past ``max_delay_s``
       fill spare rows of a longer bucket's batch (padded up) instead of waiting for another engine call.
-    - ``pad_to``: ``"bucket"`` groups requests by sequence bucket and pads a batch to its bucket;
-      ``"longest"`` keeps one queue for all lengths (batches form by arrival alone) and pads a batch to
-      its longest request, like a length-unaware batcher. A fixed length for every request is
-      ``"bucket"`` with a single bucket (``seq_buckets=(128,)``).
+    - ``group_by_length``: keep one queue per sequence bucket, so a batch only holds requests of
+      similar length (off: one queue, batches form by arrival alone, like a length-unaware batcher).
+    - ``pad_to``: ``"longest"`` pads a batch to its longest request (never past its bucket), so no
+      row pays for padding nobody in the batch needed; ``"bucket"`` pads to the bucket size, for
+      engines that run fixed shapes. A fixed length for every request is ``pad_to="bucket"`` with a
+      single bucket (``seq_buckets=(128,)``). Engines that capture one graph per bucket (CUDA graphs,
+      TensorRT profiles) pad up to their captured shape themselves.
+
+    ``promote_overdue`` defaults to off: measured on CPU (benchmarks/replica.py), padding short
+    requests up into a long bucket's batch cost more engine time than the extra engine call it saved.
     """
 
     max_batch: int = 32
@@ -52,8 +58,9 @@ class BatcherConfig:
     seq_buckets: tuple[int, ...] | None = None
     priority_levels: int = 2
     default_priority: int | None = None
-    promote_overdue: bool = True
-    pad_to: str = "bucket"
+    promote_overdue: bool = False
+    group_by_length: bool = True
+    pad_to: str = "longest"
 
     def __post_init__(self) -> None:
         _require_int("max_batch", self.max_batch, 1)
@@ -86,6 +93,8 @@ class BatcherConfig:
         object.__setattr__(self, "default_priority", default)
         if not isinstance(self.promote_overdue, bool):
             raise ValueError(f"promote_overdue must be a bool, got {self.promote_overdue!r}")
+        if not isinstance(self.group_by_length, bool):
+            raise ValueError(f"group_by_length must be a bool, got {self.group_by_length!r}")
         if self.pad_to not in PAD_MODES:
             raise ValueError(f"pad_to must be one of {', '.join(PAD_MODES)}, got {self.pad_to!r}")
 

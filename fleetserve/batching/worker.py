@@ -152,8 +152,8 @@ class Batcher:
         if timeout is not None and not (isinstance(timeout, int | float) and timeout > 0):
             raise InvalidInput(f"timeout must be a positive number of seconds, got {timeout!r}")
         request = self._layout.validate(inputs)
-        if self._config.pad_to == "longest":
-            # One queue for every length, so batches form by arrival alone; _run pads to the longest.
+        if not self._config.group_by_length:
+            # One queue for every length, so batches form by arrival alone.
             bucket = self._seq_buckets[-1]
         else:
             bucket = self._seq_buckets[bisect.bisect_left(self._seq_buckets, request.seq)]

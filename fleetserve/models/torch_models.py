@@ -53,9 +53,9 @@ def load_torch_model(name: str, attn_implementation: str = "eager") -> SentenceE
         torch.manual_seed(BERT_BASE_SEED)
         config = BertConfig(
             vocab_size=30522, hidden_size=768, num_hidden_layers=12, num_attention_heads=12,
-            intermediate_size=3072, max_position_embeddings=512,
+            intermediate_size=3072, max_position_embeddings=512, attn_implementation=attn_implementation,
         )
-        bert = BertModel(config, **kwargs)
+        bert = BertModel(config, add_pooling_layer=False)
     elif Path(name).is_dir():
         bert = BertModel.from_pretrained(name, local_files_only=True, **kwargs)
     else:

@@ -28,10 +28,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--drain-grace-s", type=float, default=5.0, help="serve this long after SIGTERM, not ready")
     parser.add_argument("--drain-timeout-s", type=float, default=30.0, help="then finish in-flight work within")
     parser.add_argument("--padding", choices=("bucket", "longest", "fixed"), default="bucket",
-                        help="bucket: sequence buckets grouped by length; longest: pad a batch to its longest "
-                             "request; fixed: truncate and pad every request to --fixed-seq tokens")
+                        help="bucket: group by sequence bucket, pad a batch to its longest request; longest: no "
+                             "grouping, pad to the longest; fixed: truncate and pad every request to --fixed-seq")
     parser.add_argument("--fixed-seq", type=int, default=128, help="tokens per request with --padding fixed")
-    parser.add_argument("--promote-overdue", action=argparse.BooleanOptionalAction, default=True,
+    parser.add_argument("--promote-overdue", action=argparse.BooleanOptionalAction, default=False,
                         help="fill spare rows of a longer bucket's batch with overdue shorter requests, padded up")
     parser.add_argument("--extra-latency-ms", type=float, default=0.0,
                         help="fault injection: add service time per request (emulates a slow GPU)")

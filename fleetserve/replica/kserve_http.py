@@ -18,6 +18,7 @@ from typing import TypeVar
 
 from aiohttp import web
 
+from fleetserve.engine.base import TensorSpec
 from fleetserve.errors import FleetserveError, NotReady
 from fleetserve.replica.codec import HEADER_LENGTH, CodecLimits, decode_infer_request, encode_infer_response
 from fleetserve.replica.model import ModelRepository, ServedModel
@@ -74,6 +75,27 @@ def model_metadata(model: ServedModel) -> dict[str, object]:
     }
 
 
+def model_config(model: ServedModel) -> dict[str, object]:
+    """Triton's model-configuration answer (``GET .../config``), which ``perf_analyzer`` reads before it
+    sends anything. With batching, Triton's ``dims`` leave out the leading batch dimension."""
+    skip = 1 if model.max_batch_size > 0 else 0
+
+    def tensor(spec: TensorSpec) -> dict[str, object]:
+        dtype = "STRING" if spec.datatype == "BYTES" else spec.datatype
+        return {"name": spec.name, "data_type": f"TYPE_{dtype}", "dims": list(spec.shape[skip:])}
+
+    config: dict[str, object] = {
+        "name": model.name,
+        "platform": model.platform,
+        "max_batch_size": model.max_batch_size,
+        "input": [tensor(s) for s in model.inputs],
+        "output": [tensor(s) for s in model.outputs],
+    }
+    if model.max_batch_size > 0:
+        config["dynamic_batching"] = {}
+    return config
+
+
 class _KServeHandlers:
     def __init__(self, repo: ModelRepository, limits: CodecLimits) -> None:
         self._repo = repo
@@ -97,6 +119,9 @@ class _KServeHandlers:
 
     async def model_metadata(self, request: web.Request) -> web.StreamResponse:
         return web.json_response(model_metadata(self._model(request)))
+
+    async def model_config(self, request: web.Request) -> web.StreamResponse:
+        return web.json_response(model_config(self._model(request)))
 
     async def model_ready(self, request: web.Request) -> web.StreamResponse:
         model = self._model(request)
@@ -148,4 +173,5 @@ def add_kserve_routes(app: web.Application, repo: ModelRepository, limits: Codec
     for base in ("/v2/models/{model}", "/v2/models/{model}/versions/{version}"):
         app.router.add_get(base, guarded(h.model_metadata))
         app.router.add_get(base + "/ready", guarded(h.model_ready))
+        app.router.add_get(base + "/config", guarded(h.model_config))
         app.router.add_post(base + "/infer", guarded(h.infer))

@@ -137,7 +137,7 @@ def test_a_short_request_not_yet_overdue_does_not_ride_in_a_long_batch() -> None
 
 
 def test_an_overdue_short_request_rides_in_spare_rows_of_a_long_batch() -> None:
-    c = make(max_batch=4)
+    c = make(max_batch=4, promote_overdue=True)
     push(c, "long", bucket=64, rows=3, now=0.0)
     push(c, "short1", bucket=16, now=0.001)
     push(c, "short2", bucket=16, now=0.002)

@@ -22,7 +22,9 @@ def test_defaults_match_the_documented_ones() -> None:
     # Triton: a lower number is a higher priority; requests naming none get the lowest level.
     assert config.default_priority == 1
     assert config.default_level == 1
-    assert config.pad_to == "bucket"
+    assert config.pad_to == "longest"
+    assert config.group_by_length is True
+    assert config.promote_overdue is False
 
 
 def test_sizes_and_buckets_are_sorted_and_deduplicated() -> None:

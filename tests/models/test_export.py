@@ -47,3 +47,17 @@ def test_unknown_model_lists_valid_names() -> None:
 
     with pytest.raises(ModelNotFound, match="minilm, bert-base, tiny"):
         ModelStore().resolve("gpt-17")
+
+
+@needs_torch
+@pytest.mark.slow
+def test_bert_base_exports_with_the_bert_base_shape() -> None:
+    stored = ModelStore().resolve("bert-base")
+    assert stored.meta is not None and stored.meta.hidden_size == 768 and stored.tokenizer_path is not None
+    sess = ort.InferenceSession(str(stored.onnx_path), providers=["CPUExecutionProvider"])
+    enc = TextTokenizer(stored.tokenizer_path, 512).encode(TEXTS[:2])
+    hidden, emb = sess.run(None, enc.as_inputs())
+    assert hidden.shape == (*enc.input_ids.shape, 768) and emb.shape == (2, 768)
+    layers = {n.name.split("/")[3] for n in __import__("onnx").load(str(stored.onnx_path)).graph.node
+              if n.name.startswith("/bert/encoder/layer.")}
+    assert len(layers) == 12

@@ -130,3 +130,13 @@ def test_sigterm_drains_without_losing_accepted_requests() -> None:
         assert ready == 503, "readiness must turn 503 at once on SIGTERM"
         assert [r[0] for r in results] == [200] * 16
         assert proc.popen.wait(20) == 0
+
+
+def test_model_config_for_perf_analyzer(tiny) -> None:
+    """perf_analyzer reads Triton's model configuration before it sends anything."""
+    with urllib.request.urlopen(f"{tiny.url}/v2/models/tiny/config", timeout=5) as r:
+        config = json.loads(r.read())
+    assert config["name"] == "tiny" and config["max_batch_size"] == 32
+    assert config["input"][0] == {"name": "input_ids", "data_type": "TYPE_INT64", "dims": [-1]}
+    assert {"name": "sentence_embedding", "data_type": "TYPE_FP32", "dims": [32]} in config["output"]
+    assert "dynamic_batching" in config
