@@ -1,0 +1,175 @@
+"""Fused operations of the GPU encoder, with a plain-PyTorch reference of each.
+
+Outside the matrix products a BERT layer does bias, GELU, residual add, LayerNorm and, in FP8, the cast of
+every linear input; in FP8 at batch 128 on the H200 that is about half of the GPU time (kernel profile,
+``benchmarks/gpu.py --profile``). Each of those is one pass over memory when written
+as a separate PyTorch op; :class:`TritonKernels` fuses them into one pass per chain (residual add +
+LayerNorm + FP8 cast; GELU + FP8 cast; optionally the first feed-forward product + GELU + FP8 cast), which
+is what bounds their cost on an H200 (4.8 TB/s HBM). :class:`TorchKernels` computes the same functions with
+ordinary ops: it is the CPU path used by the tests and the reference the Triton kernels are checked against.
+
+FP8 follows the usual per-tensor scaling recipe (NVIDIA Transformer Engine, "FP8 Formats for Deep
+Learning", Micikevicius et al. 2022): ``q = clamp(x / scale, ±448)`` in e4m3 and ``x ≈ q · scale``.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import Any, Protocol
+
+import torch
+import torch.nn.functional as F
+
+FP8 = torch.float8_e4m3fn
+FP8_MAX = 448.0  # largest finite e4m3fn value; casts beyond it give NaN, so every cast clamps first
+
+
+@dataclass(frozen=True)
+class Fp8Scales:
+    """Scales of one FP8 product: input and weight as device scalars (cuBLAS), their product as a float."""
+
+    x: torch.Tensor
+    w: torch.Tensor
+    product: float
+
+
+class Kernels(Protocol):
+    """The fused operations the encoder needs; ``qscale`` is the FP8 scale of the output (None: no FP8)."""
+
+    def add_layernorm(
+        self, x: torch.Tensor, residual: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor, eps: float,
+        qscale: float | None,
+    ) -> tuple[torch.Tensor, torch.Tensor | None]: ...
+
+    def quantize(self, x: torch.Tensor, qscale: float) -> torch.Tensor: ...
+
+    def attention(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, bias: torch.Tensor) -> torch.Tensor: ...
+
+    def linear_gelu(self, x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor) -> torch.Tensor: ...
+
+    def fp8_linear(self, xq: torch.Tensor, wq: torch.Tensor, s: Fp8Scales, bias: torch.Tensor) -> torch.Tensor: ...
+
+    def fp8_linear_gelu(
+        self, xq: torch.Tensor, wq: torch.Tensor, s: Fp8Scales, bias: torch.Tensor, qscale: float
+    ) -> torch.Tensor: ...
+
+
+def quantize_reference(x: torch.Tensor, qscale: float) -> torch.Tensor:
+    return (x.float() / qscale).clamp(-FP8_MAX, FP8_MAX).to(FP8)
+
+
+class TorchKernels:
+    """Unfused reference: exact (erf) GELU; FP8 products emulated by dequantising to float32."""
+
+    def add_layernorm(
+        self, x: torch.Tensor, residual: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor, eps: float,
+        qscale: float | None,
+    ) -> tuple[torch.Tensor, torch.Tensor | None]:
+        y32 = F.layer_norm(x.float() + residual.float(), (x.shape[-1],), weight.float(), bias.float(), eps)
+        return y32.to(x.dtype), (quantize_reference(y32, qscale) if qscale is not None else None)
+
+    def gelu(self, x: torch.Tensor, qscale: float | None) -> torch.Tensor:
+        y = F.gelu(x.float())
+        return quantize_reference(y, qscale) if qscale is not None else y.to(x.dtype)
+
+    def quantize(self, x: torch.Tensor, qscale: float) -> torch.Tensor:
+        return quantize_reference(x, qscale)
+
+    def attention(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, bias: torch.Tensor) -> torch.Tensor:
+        return F.scaled_dot_product_attention(q, k, v, attn_mask=bias)
+
+    def linear_gelu(self, x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor) -> torch.Tensor:
+        return F.gelu(F.linear(x, weight, bias))
+
+    def fp8_linear(self, xq: torch.Tensor, wq: torch.Tensor, s: Fp8Scales, bias: torch.Tensor) -> torch.Tensor:
+        out = (xq.float() * s.x) @ (wq.float() * s.w).t() + bias.float()
+        return out.to(bias.dtype)
+
+    def fp8_linear_gelu(
+        self, xq: torch.Tensor, wq: torch.Tensor, s: Fp8Scales, bias: torch.Tensor, qscale: float
+    ) -> torch.Tensor:
+        return self.gelu(self.fp8_linear(xq, wq, s, bias).float(), qscale)
+
+
+class TritonKernels:
+    """CUDA path: Triton for the fused chains, cuBLASLt (through PyTorch) for the matrix products.
+
+    ``gelu_epilogue``: the half-precision first FFN product runs with cuBLASLt's bias+GELU epilogue (one
+    kernel, no extra pass over the 4×-wide intermediate) at the cost of GELU's tanh approximation;
+    otherwise an exact-GELU Triton pass follows the product. ``fused_ffn1``: the FP8 first FFN product is
+    the Triton GEMM with bias+GELU+FP8 epilogue instead of ``_scaled_mm`` + a GELU/cast pass. Attention is
+    PyTorch's SDPA with an additive mask; on the H200 it already dispatches to cuDNN's fused flash kernel.
+    """
+
+    def __init__(self, gelu_epilogue: bool = True, fast_accum: bool = True, fused_ffn1: bool = False) -> None:
+        from fleetserve.engine import torch_triton
+
+        self.gelu_epilogue = gelu_epilogue
+        self.fast_accum = fast_accum
+        self.fused_ffn1 = fused_ffn1
+        self._t: Any = torch_triton
+
+    def add_layernorm(
+        self, x: torch.Tensor, residual: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor, eps: float,
+        qscale: float | None,
+    ) -> tuple[torch.Tensor, torch.Tensor | None]:
+        cols = x.shape[-1]
+        rows = x.numel() // cols
+        y = torch.empty_like(x)
+        q = torch.empty(x.shape, dtype=FP8, device=x.device) if qscale is not None else y
+        block = 1 << (cols - 1).bit_length()
+        self._t.add_ln[(rows,)](
+            x, residual, weight, bias, y, q, cols, eps, 1.0 / (qscale or 1.0),
+            BLOCK=block, QUANT=qscale is not None, num_warps=max(1, min(8, block // 256)),
+        )
+        return y, (q if qscale is not None else None)
+
+    def gelu(self, x: torch.Tensor, qscale: float | None) -> torch.Tensor:
+        return self._pointwise(x, qscale, gelu=True)
+
+    def quantize(self, x: torch.Tensor, qscale: float) -> torch.Tensor:
+        return self._pointwise(x, qscale, gelu=False)
+
+    def _pointwise(self, x: torch.Tensor, qscale: float | None, gelu: bool) -> torch.Tensor:
+        x = x.contiguous()
+        out = torch.empty(x.shape, dtype=FP8 if qscale is not None else x.dtype, device=x.device)
+        n = x.numel()
+        block = 2048
+        self._t.pointwise[(math.ceil(n / block),)](
+            x, out, n, 1.0 / (qscale or 1.0), BLOCK=block, GELU=gelu, QUANT=qscale is not None, num_warps=8,
+        )
+        return out
+
+    def attention(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, bias: torch.Tensor) -> torch.Tensor:
+        return F.scaled_dot_product_attention(q, k, v, attn_mask=bias)
+
+    def linear_gelu(self, x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor) -> torch.Tensor:
+        if self.gelu_epilogue:
+            return torch._addmm_activation(bias, x, weight.t(), use_gelu=True)
+        return self.gelu(F.linear(x, weight, bias), None)
+
+    def fp8_linear(self, xq: torch.Tensor, wq: torch.Tensor, s: Fp8Scales, bias: torch.Tensor) -> torch.Tensor:
+        # _scaled_mm wants the second operand column-major: wq is [out, in] row-major, so wq.t() is.
+        return torch._scaled_mm(
+            xq, wq.t(), scale_a=s.x, scale_b=s.w, bias=bias, out_dtype=bias.dtype, use_fast_accum=self.fast_accum,
+        )
+
+    def fp8_linear_gelu(
+        self, xq: torch.Tensor, wq: torch.Tensor, s: Fp8Scales, bias: torch.Tensor, qscale: float
+    ) -> torch.Tensor:
+        if not self.fused_ffn1:
+            return self.gelu(self.fp8_linear(xq, wq, s, bias), qscale)
+        m, k = xq.shape
+        n = wq.shape[0]
+        out = torch.empty((m, n), dtype=FP8, device=xq.device)
+
+        def grid(meta: dict[str, int]) -> tuple[int]:
+            return (triton_cdiv(m, meta["BM"]) * triton_cdiv(n, meta["BN"]),)
+
+        self._t.fp8_gemm_gelu[grid](xq, wq, bias, out, m, n, k, s.product, 1.0 / qscale)
+        return out
+
+
+def triton_cdiv(a: int, b: int) -> int:
+    return -(-a // b)
