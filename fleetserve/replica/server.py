@@ -13,7 +13,6 @@ import asyncio
 import logging
 import signal
 import time
-from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 
 from aiohttp import web
@@ -29,6 +28,7 @@ from fleetserve.replica.grpc_server import GrpcServerConfig, GrpcServerHandle, s
 from fleetserve.replica.model import ModelRepository
 from fleetserve.replica.served import BatchedModel
 from fleetserve.replica.text import TextLimits, TextService
+from fleetserve.telemetry.gpu import GpuMonitor
 from fleetserve.telemetry.metrics import ReplicaMetrics
 
 log = logging.getLogger(__name__)
@@ -46,6 +46,7 @@ class Replica:
     runner: web.AppRunner
     grpc: GrpcServerHandle | None
     http_port: int
+    gpu: GpuMonitor | None = None
 
     async def drain(self) -> None:
         cfg = self.config
@@ -59,18 +60,20 @@ class Replica:
         if self.grpc is not None:
             await self.grpc.stop(max(0.1, deadline - time.monotonic()))
         await self.runner.cleanup()
+        if self.gpu is not None:
+            self.gpu.stop()
         log.info("drained; exiting")
 
 
-def _gpu_headers(device: str) -> Callable[[], Mapping[str, str]] | None:
+def _gpu_monitor(device: str, metrics: ReplicaMetrics) -> GpuMonitor | None:
+    """NVML sampling (about 1 Hz, in the background) for a replica on a GPU: gauges and load headers."""
     if not device.startswith("cuda"):
         return None
-    try:
-        from fleetserve.telemetry.gpu import GpuMonitor
-    except ImportError:
-        return None
     monitor = GpuMonitor.create()
-    return monitor.load_headers if monitor is not None else None
+    if monitor is not None:
+        monitor.register_metrics(metrics.registry)
+        monitor.start()
+    return monitor
 
 
 async def start_replica(config: ReplicaConfig) -> Replica:
@@ -108,8 +111,9 @@ async def start_replica(config: ReplicaConfig) -> Replica:
     limits = CodecLimits(max_json_bytes=config.max_body_bytes, max_total_bytes=4 * config.max_body_bytes)
     from fleetserve.replica.app import build_app
 
+    gpu = _gpu_monitor(config.engine.device, metrics)
     app = build_app(repo, batcher, metrics, text=text, limits=limits, max_body_bytes=config.max_body_bytes,
-                    gpu_headers=_gpu_headers(config.engine.device))
+                    gpu_headers=gpu.load_headers if gpu is not None else None)
     runner = web.AppRunner(app, access_log=None, handle_signals=False, shutdown_timeout=config.drain_timeout_s)
     await runner.setup()
     site = web.TCPSite(runner, config.host, config.port, backlog=1024)
@@ -118,7 +122,7 @@ async def start_replica(config: ReplicaConfig) -> Replica:
     grpc = None
     if config.grpc_port:
         grpc = await start_grpc_server(repo, GrpcServerConfig(config.host, config.grpc_port), limits)
-    return Replica(config, repo, model, batcher, metrics, runner, grpc, http_port)
+    return Replica(config, repo, model, batcher, metrics, runner, grpc, http_port, gpu)
 
 
 async def serve(config: ReplicaConfig) -> int:
