@@ -59,7 +59,8 @@ async def main(args: argparse.Namespace) -> list[ScenarioResult]:
     d = args.duration
 
     async def run(**kw: object) -> ScenarioResult:
-        cfg = ScenarioConfig(duration_s=d, **kw)  # type: ignore[arg-type]
+        kw.setdefault("duration_s", d)
+        cfg = ScenarioConfig(**kw)  # type: ignore[arg-type]
         print(f"-- {cfg.fault} via {cfg.front} ({cfg.policy}) at {cfg.rate or cfg.concurrency} ...", flush=True)
         result = await run_scenario(cfg)
         results.append(result)

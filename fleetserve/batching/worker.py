@@ -18,7 +18,7 @@ import bisect
 import contextlib
 import logging
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 
@@ -39,6 +39,7 @@ class _Job:
     request: Request
     future: asyncio.Future[dict[str, np.ndarray]]
     timeout_s: float | None
+    outputs: frozenset[str] | None = None  # None: every output
 
 
 class Batcher:
@@ -64,6 +65,7 @@ class Batcher:
         self._engine = engine
         self._config = config
         self._layout = TensorLayout(engine.inputs, engine.outputs, max_batch=config.max_batch, max_seq=buckets[-1])
+        self._output_names = frozenset(spec.name for spec in engine.outputs)
         self._seq_buckets = buckets if self._layout.has_sequence else (0,)
         batch_sizes = {b for b in profile.batch_buckets if b <= config.max_batch}
         self._batch_sizes = tuple(sorted(batch_sizes | {config.max_batch} | set(config.preferred_batch_sizes)))
@@ -139,9 +141,14 @@ class Batcher:
             self._wake.set()
 
     async def submit(
-        self, inputs: Mapping[str, np.ndarray], *, priority: int | None = None, timeout_s: float | None = None
+        self, inputs: Mapping[str, np.ndarray], *, priority: int | None = None, timeout_s: float | None = None,
+        outputs: Sequence[str] | None = None,
     ) -> dict[str, np.ndarray]:
-        """Queue one request and await its outputs; ``InvalidInput``/``Overloaded``/``NotReady`` at once."""
+        """Queue one request and await its outputs; ``InvalidInput``/``Overloaded``/``NotReady`` at once.
+
+        ``outputs`` names the outputs the caller needs (None: all); a batch asks the engine for the union
+        of its requests' outputs only, so nobody pays for copying back tensors nobody reads.
+        """
         if not self._accepting:
             self._observer.on_rejected()
             raise NotReady("the batcher is draining" if self._draining else "the batcher is not running")
@@ -158,7 +165,11 @@ class Batcher:
         else:
             bucket = self._seq_buckets[bisect.bisect_left(self._seq_buckets, request.seq)]
         now = self._clock()
-        job = _Job(request, asyncio.get_running_loop().create_future(), timeout)
+        wanted = frozenset(outputs) if outputs else None
+        if wanted is not None and (unknown := wanted - self._output_names):
+            known = sorted(self._output_names)
+            raise InvalidInput(f"unknown outputs {sorted(unknown)}; the model's outputs are {known}")
+        job = _Job(request, asyncio.get_running_loop().create_future(), timeout, wanted)
         try:
             entry = self._collator.push(
                 job,
@@ -269,8 +280,12 @@ class Batcher:
     ) -> tuple[list[dict[str, np.ndarray]], float]:
         requests = [job.request for job in jobs]
         feeds = self._layout.collate(requests, seq)
+        # The union of what the batch's requests asked for; None as soon as one wants everything.
+        names: tuple[str, ...] | None = None
+        if all(job.outputs is not None for job in jobs):
+            names = tuple(sorted(frozenset[str]().union(*(job.outputs or () for job in jobs))))
         started = self._clock()
-        outputs = instance.infer(feeds)
+        outputs = instance.infer(feeds) if names is None else instance.infer(feeds, names)
         compute_s = self._clock() - started
         return self._layout.split(outputs, requests, seq), compute_s
 

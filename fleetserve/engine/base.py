@@ -110,7 +110,12 @@ class BuildReport:
 class EngineInstance(Protocol):
     """One independent execution context. ``infer`` may be called from a worker thread."""
 
-    def infer(self, inputs: Mapping[str, np.ndarray]) -> dict[str, np.ndarray]: ...
+    def infer(
+        self, inputs: Mapping[str, np.ndarray], outputs: Sequence[str] | None = None
+    ) -> dict[str, np.ndarray]:
+        """Run one batch; ``outputs`` names the outputs to return (None: all). On a GPU, skipping the
+        token-level hidden states saves the largest device-to-host copy of the call."""
+        ...
 
 
 @runtime_checkable

@@ -164,9 +164,10 @@ class OrtInstance:
         self._session = session
         self._outputs = output_names
 
-    def infer(self, inputs: Mapping[str, np.ndarray]) -> dict[str, np.ndarray]:
-        results = self._session.run(self._outputs, dict(inputs))
-        return dict(zip(self._outputs, results, strict=True))
+    def infer(self, inputs: Mapping[str, np.ndarray], outputs: Sequence[str] | None = None) -> dict[str, np.ndarray]:
+        names = list(outputs) if outputs else self._outputs
+        results = self._session.run(names, dict(inputs))
+        return dict(zip(names, results, strict=True))
 
 
 class OrtEngine:

@@ -237,7 +237,10 @@ class InferenceServicer:
     ) -> pb.ModelInferResponse:
         model = self._repo.get(request.model_name, request.model_version)
         decoded = decode_model_infer(request, model, self._limits)
-        results = await model.infer(decoded.inputs, priority=decoded.priority, timeout_s=decoded.timeout_s)
+        results = await model.infer(
+            decoded.inputs, priority=decoded.priority, timeout_s=decoded.timeout_s,
+            outputs=[o.name for o in decoded.outputs],
+        )
         return encode_model_infer(model, decoded, results)
 
 

@@ -141,7 +141,10 @@ class _KServeHandlers:
             outputs=model.outputs,
             limits=self._limits,
         )
-        results = await model.infer(decoded.inputs, priority=decoded.priority, timeout_s=decoded.timeout_s)
+        results = await model.infer(
+            decoded.inputs, priority=decoded.priority, timeout_s=decoded.timeout_s,
+            outputs=[o.name for o in decoded.outputs],
+        )
         payload, header_length = await _maybe_offload(
             sum(getattr(a, "nbytes", 0) for a in results.values()),
             encode_infer_response,

@@ -37,10 +37,12 @@ class ServedModel(Protocol):
     def is_ready(self) -> bool: ...
 
     async def infer(
-        self, inputs: dict[str, np.ndarray], *, priority: int | None, timeout_s: float | None
+        self, inputs: dict[str, np.ndarray], *, priority: int | None, timeout_s: float | None,
+        outputs: Sequence[str] | None = None,
     ) -> dict[str, np.ndarray]:
         """Run one request; raises a :class:`~fleetserve.errors.FleetserveError` the front ends map.
 
+        ``outputs`` names the outputs the answer needs (None: all); others may be left out.
         Input arrays may be read-only views on the request body; copy before writing into them.
         """
         ...

@@ -33,9 +33,10 @@ class BatchedModel:
         return self.warm and self.batcher.accepting
 
     async def infer(
-        self, inputs: dict[str, np.ndarray], *, priority: int | None, timeout_s: float | None
+        self, inputs: dict[str, np.ndarray], *, priority: int | None, timeout_s: float | None,
+        outputs: Sequence[str] | None = None,
     ) -> dict[str, np.ndarray]:
-        result = await self.batcher.submit(inputs, priority=priority, timeout_s=timeout_s)
+        result = await self.batcher.submit(inputs, priority=priority, timeout_s=timeout_s, outputs=outputs)
         if self.extra_latency_s:
             await asyncio.sleep(self.extra_latency_s)
         return result

@@ -61,7 +61,10 @@ class TextService:
         chunks = [texts[i : i + self._chunk] for i in range(0, len(texts), self._chunk)]
         encoded = [self.tokenizer.encode(c) for c in chunks]
         results = await asyncio.gather(
-            *(self.model.infer(e.as_inputs(), priority=priority, timeout_s=timeout_s) for e in encoded)
+            *(
+                self.model.infer(e.as_inputs(), priority=priority, timeout_s=timeout_s, outputs=(self.output,))
+                for e in encoded
+            )
         )
         embeddings = np.concatenate([r[self.output] for r in results])
         truncated = [i for i, flag in enumerate(f for e in encoded for f in e.truncated) if flag]

@@ -345,3 +345,21 @@ def test_config_must_fit_the_engine_profile(engine: TinyEngine) -> None:
         Batcher(engine, BatcherConfig(max_batch=8, seq_buckets=(16, 128)))
     with pytest.raises(ValueError, match="instances must be a positive integer"):
         Batcher(engine, BatcherConfig(max_batch=8), instances=0)
+
+
+async def test_a_batch_asks_the_engine_only_for_the_outputs_its_requests_need(
+    make_batcher: MakeBatcher, make_request: MakeRequest, engine: TinyEngine
+) -> None:
+    batcher = make_batcher(max_batch=8, max_delay_s=0.01)
+    await batcher.start()
+    only = await batcher.submit(make_request(1, 5), outputs=["sentence_embedding"])
+    assert set(only) == {"sentence_embedding"}
+    assert engine.requested_outputs[-1] == ("sentence_embedding",)
+    # One request wanting everything makes the whole batch fetch everything.
+    both = await asyncio.gather(
+        batcher.submit(make_request(1, 5), outputs=["sentence_embedding"]), batcher.submit(make_request(1, 5))
+    )
+    assert engine.requested_outputs[-1] is None
+    assert set(both[1]) == {"sentence_embedding", "last_hidden_state"}
+    with pytest.raises(InvalidInput, match="unknown outputs"):
+        await batcher.submit(make_request(1, 5), outputs=["logits"])

@@ -80,8 +80,9 @@ class OrtInstance:
         self._session = session(path)
         self._names = [o.name for o in self._session.get_outputs()]
 
-    def infer(self, inputs: Feeds) -> dict[str, np.ndarray]:
-        return dict(zip(self._names, self._session.run(self._names, dict(inputs)), strict=True))
+    def infer(self, inputs: Feeds, outputs: Sequence[str] | None = None) -> dict[str, np.ndarray]:
+        names = list(outputs) if outputs else self._names
+        return dict(zip(names, self._session.run(names, dict(inputs)), strict=True))
 
 
 class TinyEngine:
@@ -107,6 +108,7 @@ class TinyEngine:
         self.before: Callable[[Feeds], None] | None = None
         self.calls: list[tuple[int, int]] = []
         self.fed_ids: list[np.ndarray] = []
+        self.requested_outputs: list[tuple[str, ...] | None] = []
         self.max_concurrent = 0
         self._running = 0
         self._lock = threading.Lock()
@@ -126,26 +128,27 @@ class _RecordingInstance:
         self._inner = inner
         self._busy = threading.Lock()
 
-    def infer(self, inputs: Feeds) -> dict[str, np.ndarray]:
+    def infer(self, inputs: Feeds, outputs: Sequence[str] | None = None) -> dict[str, np.ndarray]:
         if not self._busy.acquire(blocking=False):
             raise RuntimeError("engine instance entered by two batches at once")
         try:
-            return self._infer(inputs)
+            return self._infer(inputs, outputs)
         finally:
             self._busy.release()
 
-    def _infer(self, inputs: Feeds) -> dict[str, np.ndarray]:
+    def _infer(self, inputs: Feeds, outputs: Sequence[str] | None) -> dict[str, np.ndarray]:
         engine = self._engine
         with engine._lock:
             rows, seq = inputs["input_ids"].shape
             engine.calls.append((rows, seq))
+            engine.requested_outputs.append(tuple(outputs) if outputs else None)
             engine.fed_ids.append(inputs["input_ids"].copy())
             engine._running += 1
             engine.max_concurrent = max(engine.max_concurrent, engine._running)
         try:
             if engine.before is not None:
                 engine.before(inputs)
-            return self._inner.infer(inputs)
+            return self._inner.infer(inputs, outputs)
         finally:
             with engine._lock:
                 engine._running -= 1

@@ -45,7 +45,8 @@ class FakeModel:
         return self.ready
 
     async def infer(
-        self, inputs: dict[str, np.ndarray], *, priority: int | None, timeout_s: float | None
+        self, inputs: dict[str, np.ndarray], *, priority: int | None, timeout_s: float | None,
+        outputs: Sequence[str] | None = None,
     ) -> dict[str, np.ndarray]:
         self.calls.append(InferCall(inputs, priority, timeout_s))
         if self.gate is not None:
