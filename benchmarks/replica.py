@@ -4,7 +4,7 @@ Six servers of the ``minilm`` int8 engine, one after the other, each one instanc
 max batch and max delay, answer the same text-length mix (most texts 5–30 tokens, 10 % 100–300):
 
     (a)  fleetserve, sequence buckets + length grouping (``--padding bucket``, the default)
-    (a-np) (a) with ``--no-promote-overdue``: overdue short requests never ride, padded up, in a long batch
+    (a-promote) (a) with ``--promote-overdue``: overdue short requests ride, padded up, in a long batch
     (b)  fleetserve, every request truncated and padded to 128 tokens (``--padding fixed``)
     (b') fleetserve, a batch padded to its longest request, no grouping (``--padding longest``)
     (c)  fleetserve, batching off (``--max-batch 1 --max-delay-ms 0``)
@@ -62,7 +62,7 @@ MODEL = "minilm"
 MAX_SEQ = 256  # the minilm engine's profile
 SETUPS: dict[str, tuple[str, tuple[str, ...]]] = {
     "a": ("fleetserve, buckets + length grouping", ("--padding", "bucket")),
-    "a-np": ("fleetserve, (a) without overdue promotion", ("--padding", "bucket", "--no-promote-overdue")),
+    "a-promote": ("fleetserve, (a) with overdue promotion", ("--padding", "bucket", "--promote-overdue")),
     "b": ("fleetserve, fixed 128 tokens", ("--padding", "fixed", "--fixed-seq", "128")),
     "b'": ("fleetserve, padded to longest in batch", ("--padding", "longest")),
     "c": ("fleetserve, batching off", ("--max-batch", "1", "--max-delay-ms", "0")),

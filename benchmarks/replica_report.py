@@ -1,6 +1,6 @@
 """Markdown tables and goal ratios for ``benchmarks/replica.py``, computed from one run's points.
 
-Goals (issue 3), judged for (a), the default; (a-np) gets the same comparisons without a verdict.
+Goals (issue 3), judged for (a), the default; (a-promote) gets the same comparisons without a verdict.
 (a) at least 1.5x the throughput of (d) at equal or lower p99, judged at closed-loop
 concurrency 32 and 64 where both batchers are busy; (a) at least 4x (b) and 1.5x (b') on the length
 mix, judged on each setup's best closed-loop throughput; (a) at least 2x (c) at concurrency 32.
@@ -11,7 +11,7 @@ from __future__ import annotations
 import math
 from typing import Any
 
-ORDER = ("a", "a-np", "b", "b'", "c", "d")
+ORDER = ("a", "a-promote", "b", "b'", "c", "d")
 COLUMNS = ["req/s", "p50 ms", "p99 ms", "errors", "mean batch", "mean padded seq", "server CPU", "generator CPU",
            "others CPU"]
 
@@ -42,7 +42,7 @@ def _rows(points: list[dict[str, Any]], load: str) -> list[list[str]]:
 
 
 def ratios(points: list[dict[str, Any]]) -> list[dict[str, Any]]:
-    """Goal ratios for (a); the same comparisons for (a-np) are shown without a verdict."""
+    """Goal ratios for (a); the same comparisons for (a-promote) are shown without a verdict."""
     closed = {(p["setup"], p["concurrency"]): p for p in points if p["concurrency"]}
 
     def peak(setup: str) -> float | None:
@@ -50,7 +50,7 @@ def ratios(points: list[dict[str, Any]]) -> list[dict[str, Any]]:
         return max(values) if values else None
 
     out: list[dict[str, Any]] = []
-    for base in ("a", "a-np"):
+    for base in ("a", "a-promote"):
         judge = base == "a"
         for c in sorted({c for _, c in closed}):
             a, d = closed.get((base, c)), closed.get(("d", c))

@@ -34,6 +34,19 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--warmup", type=float, default=_DEFAULTS.warmup_s, help="seconds sent, not measured")
     parser.add_argument("--workload", choices=sorted(WORKLOADS), default=_DEFAULTS.workload)
     parser.add_argument("--model", default=_DEFAULTS.model, help="model name for the v2 workloads")
+    parser.add_argument(
+        "--rows", type=int, default=_DEFAULTS.rows, help="v2 workloads: sequences per request (e.g. ranking candidates)"
+    )
+    parser.add_argument(
+        "--tokens", type=int, default=_DEFAULTS.tokens, help="v2 workloads: tokens per row (default: the length mix)"
+    )
+    parser.add_argument(
+        "--output",
+        action="append",
+        default=[],
+        metavar="NAME",
+        help="v2 workloads: ask for this output only (repeatable; binary in v2-binary); default: all outputs",
+    )
     parser.add_argument("--arrivals", choices=sorted(ARRIVALS), default=_DEFAULTS.arrivals)
     parser.add_argument(
         "--long-fraction",
@@ -88,6 +101,9 @@ def config_from_args(args: argparse.Namespace) -> LoadConfig:
         warmup_s=args.warmup,
         workload=args.workload,
         model=args.model,
+        rows=args.rows,
+        tokens=args.tokens,
+        outputs=tuple(args.output),
         arrivals=args.arrivals,
         long_fraction=args.long_fraction,
         max_inflight=args.max_inflight,

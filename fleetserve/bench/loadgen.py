@@ -67,6 +67,9 @@ class LoadConfig:
     processes: int = 1
     max_samples: int = 1_000_000
     pool_size: int = 512
+    rows: int = 1
+    tokens: int | None = None
+    outputs: tuple[str, ...] = ()
 
     def __post_init__(self) -> None:
         if (self.rate is None) == (self.concurrency is None):
@@ -107,7 +110,9 @@ class LoadConfig:
         return ClientConfig(self.url, connections, self.timeout_s, dict(self.headers))
 
     def workload_config(self) -> WorkloadConfig:
-        return WorkloadConfig(self.workload, self.model, self.long_fraction, self.pool_size)
+        return WorkloadConfig(
+            self.workload, self.model, self.long_fraction, self.pool_size, self.rows, self.tokens, self.outputs
+        )
 
     def split(self) -> list[LoadConfig]:
         """One config per process: the load, bounds and sample cap shared out, seeds distinct."""

@@ -8,13 +8,18 @@ send token ids directly (``[CLS] ids... [SEP]``, BERT's special ids) in the shap
 ``v2-binary`` uses the KServe v2 binary tensor extension: the JSON header, with each input's byte
 length in ``parameters.binary_data_size``, is followed by the raw little-endian tensors, and the
 ``Inference-Header-Content-Length`` header says where the JSON ends.
+
+A v2 request carries ``rows`` sequences of one length (v2 tensors are rectangular), e.g. the 32–64
+candidates of one ranking call; ``tokens`` fixes that length instead of drawing it from the mix, and
+``outputs`` names the outputs to ask for (binary in ``v2-binary``), so a response need not carry every
+output the model has.
 """
 
 from __future__ import annotations
 
 import json
 import random
-from collections.abc import Callable
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from urllib.parse import quote
 
@@ -33,6 +38,9 @@ SEP_ID = 102
 # Skip BERT's reserved and special ids at the bottom of the vocabulary (30522 entries).
 VOCAB_IDS = (1000, 30000)
 V2_INPUTS = ("input_ids", "attention_mask", "token_type_ids")
+# Bounds that keep one pooled body small (rows x tokens x 3 inputs x 8 bytes <= ~24 MB).
+MAX_ROWS = 1024
+MAX_TOKENS = 8192
 JSON_TYPE = "application/json"
 BINARY_TYPE = "application/octet-stream"
 HEADER_LENGTH = "Inference-Header-Content-Length"
@@ -54,10 +62,22 @@ class WorkloadConfig:
     model: str = "minilm"
     long_fraction: float = 0.1
     pool_size: int = 512
+    rows: int = 1  # sequences per v2 request
+    tokens: int | None = None  # tokens per v2 row including [CLS]/[SEP]; None: the length mix
+    outputs: tuple[str, ...] = ()  # v2 outputs to ask for; empty: the server's default (all)
 
     def __post_init__(self) -> None:
         if self.name not in WORKLOADS:
             raise ValueError(f"unknown workload {self.name!r}; choose one of {sorted(WORKLOADS)}")
+        v2 = self.name.startswith("v2-")
+        if not 1 <= self.rows <= MAX_ROWS:
+            raise ValueError(f"rows must be in 1..{MAX_ROWS}, got {self.rows}")
+        if self.tokens is not None and not 2 <= self.tokens <= MAX_TOKENS:
+            raise ValueError(f"tokens must be in 2..{MAX_TOKENS} (with [CLS] and [SEP]), got {self.tokens}")
+        if not v2 and (self.rows != 1 or self.tokens is not None or self.outputs):
+            raise ValueError(f"rows, tokens and outputs apply to the v2 workloads, not {self.name!r}")
+        if any(not o for o in self.outputs):
+            raise ValueError("output names must not be empty")
         if not self.model:
             raise ValueError("model name must not be empty")
         if not 0.0 <= self.long_fraction <= 1.0:
@@ -75,11 +95,12 @@ def sentence(rng: random.Random, words: int) -> str:
     return " ".join(rng.choices(WORDS, k=words))
 
 
-def token_ids(rng: random.Random, length: int) -> np.ndarray:
-    """``length`` ids including ``[CLS]`` and ``[SEP]``, as a little-endian INT64 row."""
-    ids = np.empty(max(length, 2), dtype="<i8")
-    ids[0], ids[-1] = CLS_ID, SEP_ID
-    ids[1:-1] = [rng.randrange(*VOCAB_IDS) for _ in range(len(ids) - 2)]
+def token_ids(rng: random.Random, length: int, rows: int = 1) -> np.ndarray:
+    """``rows`` x ``length`` ids, each row with ``[CLS]`` and ``[SEP]``, as little-endian INT64."""
+    ids = np.empty((rows, max(length, 2)), dtype="<i8")
+    ids[:, 0], ids[:, -1] = CLS_ID, SEP_ID
+    inner = ids.shape[1] - 2
+    ids[:, 1:-1] = np.array([rng.randrange(*VOCAB_IDS) for _ in range(rows * inner)], dtype="<i8").reshape(rows, inner)
     return ids
 
 
@@ -99,7 +120,8 @@ def rank_payload(config: WorkloadConfig, rng: random.Random) -> Payload:
 
 
 def _v2_tensors(config: WorkloadConfig, rng: random.Random) -> list[tuple[str, np.ndarray]]:
-    ids = token_ids(rng, token_count(rng, config.long_fraction))
+    length = config.tokens if config.tokens is not None else token_count(rng, config.long_fraction)
+    ids = token_ids(rng, length, config.rows)
     return [
         ("input_ids", ids),
         ("attention_mask", np.ones_like(ids)),
@@ -113,10 +135,17 @@ def infer_path(model: str) -> str:
 
 def v2_json_payload(config: WorkloadConfig, rng: random.Random) -> Payload:
     inputs = [
-        {"name": name, "shape": [1, len(t)], "datatype": "INT64", "data": t.tolist()}
+        {"name": name, "shape": list(t.shape), "datatype": "INT64", "data": t.ravel().tolist()}
         for name, t in _v2_tensors(config, rng)
     ]
-    return Payload(infer_path(config.model), _json({"inputs": inputs}))
+    return Payload(infer_path(config.model), _json(_v2_request(inputs, config.outputs, binary=False)))
+
+
+def _v2_request(inputs: Sequence[Mapping[str, object]], outputs: tuple[str, ...], binary: bool) -> dict[str, object]:
+    request: dict[str, object] = {"inputs": inputs}
+    if outputs:
+        request["outputs"] = [{"name": o, "parameters": {"binary_data": binary}} for o in outputs]
+    return request
 
 
 def v2_binary_payload(config: WorkloadConfig, rng: random.Random) -> Payload:
@@ -124,13 +153,13 @@ def v2_binary_payload(config: WorkloadConfig, rng: random.Random) -> Payload:
     inputs = [
         {
             "name": name,
-            "shape": [1, len(t)],
+            "shape": list(t.shape),
             "datatype": "INT64",
             "parameters": {"binary_data_size": t.nbytes},
         }
         for name, t in tensors
     ]
-    header = _json({"inputs": inputs})
+    header = _json(_v2_request(inputs, config.outputs, binary=True))
     body = header + b"".join(t.tobytes() for _, t in tensors)
     return Payload(infer_path(config.model), body, BINARY_TYPE, ((HEADER_LENGTH, str(len(header))),))
 

@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from fleetserve.bench.command import add_arguments, run
+from fleetserve.bench.command import add_arguments, config_from_args, run
 from fleetserve.bench.report import LoadReport
 from tests.bench.conftest import TargetServer, refused_url
 
@@ -64,6 +64,7 @@ def test_no_success_exits_1(capsys: pytest.CaptureFixture[str]) -> None:
         (("--rate", "0"), "rate"),
         (("--rate", "10", "--header", "no-colon"), "NAME: VALUE"),
         (("--rate", "10", "--long-fraction", "3"), "long_fraction"),
+        (("--rate", "10", "--rows", "4"), "v2 workloads"),
     ],
 )
 def test_bad_arguments_exit_2_with_a_message(
@@ -84,3 +85,10 @@ def test_plot_without_matplotlib_fails_before_sending(
     monkeypatch.setattr(importlib.util, "find_spec", lambda name: None)
     assert run(parse(refused_url(), "--rate", "10", "--plot", str(tmp_path / "p.png"))) == 2
     assert "matplotlib" in capsys.readouterr().err
+
+
+def test_rows_tokens_and_outputs_reach_the_workload() -> None:
+    args = parse("http://h", "--concurrency", "2", "--workload", "v2-binary", "--rows", "32", "--tokens", "128",
+                 "--output", "sentence_embedding")
+    workload = config_from_args(args).workload_config()
+    assert (workload.rows, workload.tokens, workload.outputs) == (32, 128, ("sentence_embedding",))

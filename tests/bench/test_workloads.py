@@ -108,6 +108,42 @@ def test_payloads_are_seeded() -> None:
     assert pool("texts", seed=3) != pool("texts", seed=4)
 
 
+def multi_row_pool(name: str, **kwargs: object) -> list[Payload]:
+    config = WorkloadConfig(name, "bert-base", 0.1, 10, **kwargs)  # type: ignore[arg-type]
+    return make_payloads(config, random.Random(1))
+
+
+@pytest.mark.parametrize("name", ["v2-json", "v2-binary"])
+def test_v2_rows_and_tokens_shape_each_request(name: str) -> None:
+    for p in multi_row_pool(name, rows=32, tokens=128):
+        if name == "v2-binary":
+            tensors = parse_binary(p)
+        else:
+            inputs = json.loads(p.body)["inputs"]
+            tensors = {i["name"]: np.array(i["data"], dtype=np.int64).reshape(i["shape"]) for i in inputs}
+        ids = tensors["input_ids"]
+        assert ids.shape == (32, 128) and all(t.shape == ids.shape for t in tensors.values())
+        assert (ids[:, 0] == CLS_ID).all() and (ids[:, -1] == SEP_ID).all()
+        assert ((ids[:, 1:-1] >= 1000) & (ids[:, 1:-1] < 30000)).all()
+        assert len({row.tobytes() for row in ids}) == 32, "rows are different sequences"
+
+
+def test_v2_rows_without_tokens_share_one_mixed_length() -> None:
+    lengths = {parse_binary(p)["input_ids"].shape for p in multi_row_pool("v2-binary", rows=4)}
+    assert all(rows == 4 and SHORT_TOKENS[0] <= n <= LONG_TOKENS[1] for rows, n in lengths)
+    assert len(lengths) > 1
+
+
+@pytest.mark.parametrize(("name", "binary"), [("v2-json", False), ("v2-binary", True)])
+def test_v2_outputs_are_requested_by_name(name: str, binary: bool) -> None:
+    def json_part(p: Payload) -> dict[str, object]:
+        return json.loads(p.body[: int(dict(p.headers).get(HEADER_LENGTH, len(p.body)))])
+
+    asked = json_part(multi_row_pool(name, outputs=("sentence_embedding",))[0])
+    assert asked["outputs"] == [{"name": "sentence_embedding", "parameters": {"binary_data": binary}}]
+    assert "outputs" not in json_part(pool(name, size=1)[0])
+
+
 @pytest.mark.parametrize(
     ("kwargs", "message"),
     [
@@ -115,6 +151,11 @@ def test_payloads_are_seeded() -> None:
         ({"model": ""}, "model"),
         ({"long_fraction": 1.5}, "long_fraction"),
         ({"pool_size": 0}, "pool_size"),
+        ({"name": "v2-binary", "rows": 0}, "rows"),
+        ({"name": "v2-binary", "tokens": 1}, "tokens"),
+        ({"name": "v2-json", "outputs": ("",)}, "output names"),
+        ({"name": "texts", "rows": 4}, "v2 workloads"),
+        ({"name": "rank", "outputs": ("sentence_embedding",)}, "v2 workloads"),
     ],
 )
 def test_workload_config_validation(kwargs: dict[str, object], message: str) -> None:

@@ -1,0 +1,501 @@
+"""Serving on one GPU (issue 6, H200 measurements 2 and 3), in one bounded run.
+
+1. ``build``: ``fleetserve build MODEL --backend torch-cuda ...`` (exports the zoo model into the store first).
+   If that fails (the ONNX export needs a transformers the image may not have), the store entry is seeded
+   with a placeholder graph: the torch-cuda backend builds from the zoo's PyTorch definition, not the ONNX.
+2. ``raw``: the built engine loaded in a child process and called back-to-back, ``instance().infer`` at
+   ``max_batch`` rows of ``tokens`` tokens: with every output (what the batcher asks for), with the embedding
+   only, the captured graph alone, and N instances driven by N threads. This is the ceiling a server is
+   compared with.
+3. ``replica``: one ``fleetserve serve`` per ``--instances`` value, a closed-loop ``fleetserve bench`` sweep
+   over ``--concurrency`` with ranking-sized v2-binary requests (``--rows`` sequences of ``--tokens``).
+4. ``fleet``: 1, 2, 4 replicas on the one GPU behind ``fleetserve gateway --workers N``.
+
+Per load point: sequences/s (requests/s x rows), p50/p99, GPU utilization (NVML sampled here every 0.1 s over
+the measured window, and the replicas' ``fleetserve_gpu_utilization_ratio`` gauge), the replicas' mean batch
+(``fleetserve_batch_size`` histogram) and the CPU cores used by replicas, gateway and load generator, which
+says where a server that cannot keep the GPU busy spends its time. Every point and the whole run have
+deadlines (``--budget-s``); a point that no longer fits is recorded as skipped. ``gpu_server.json`` is
+rewritten after every point and ``gpu_server.md`` at the end, under ``--out`` (default ``$OUT``).
+
+    python3 benchmarks/gpu_server.py                    # the H200 run (about 5 minutes)
+    python3 benchmarks/gpu_server.py --cpu-smoke        # the orchestration on CPU with the tiny model
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import resource
+import signal
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+import urllib.request
+from dataclasses import asdict, dataclass, field, replace
+from pathlib import Path
+from typing import Any
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+
+from benchmarks.replica_load import machine_cpu_s, tree_cpu_s  # noqa: E402
+from fleetserve.deploy.local import free_port  # noqa: E402
+
+CLI = [sys.executable, "-m", "fleetserve.cli"]
+EMBEDDING = "sentence_embedding"
+
+
+@dataclass(frozen=True)
+class RunConfig:
+    model: str = "bert-base"
+    backend: str = "torch-cuda"
+    device: str = "cuda"
+    precision: str = "fp16"
+    max_batch: int = 128
+    max_seq: int = 128
+    rows: int = 32
+    tokens: int = 128
+    instances: tuple[int, ...] = (2, 4)
+    concurrency: tuple[int, ...] = (4, 16, 64)
+    replicas: tuple[int, ...] = (1, 2, 4)
+    fleet_instances: int = 2
+    fleet_concurrency: tuple[int, ...] = (32, 128)
+    duration_s: float = 6.0
+    warmup_s: float = 1.5
+    raw_s: float = 2.0
+    budget_s: float = 360.0
+    out: Path = Path(os.environ.get("OUT") or ROOT / "out")
+    home: Path = field(default_factory=lambda: Path(tempfile.mkdtemp(prefix="fleetserve-home-")))
+    # Server logs and bench reports stay off $OUT (few files come back from the device); tails are collected.
+    work: Path = field(default_factory=lambda: Path(tempfile.mkdtemp(prefix="gpu-server-")))
+
+    def __post_init__(self) -> None:
+        if not 1 <= self.rows <= self.max_batch:
+            raise ValueError(f"rows must be in 1..max_batch ({self.max_batch}), got {self.rows}")
+        if not 2 <= self.tokens <= self.max_seq:
+            raise ValueError(f"tokens must be in 2..max_seq ({self.max_seq}), got {self.tokens}")
+        if min((*self.instances, *self.concurrency, *self.replicas, *self.fleet_concurrency, 1)) < 1:
+            raise ValueError("instances, concurrency, replicas and fleet concurrency must be >= 1")
+        if not (self.duration_s > 0 and self.warmup_s >= 0 and self.raw_s > 0 and self.budget_s > 0):
+            raise ValueError("durations must be positive")
+
+    def engine_args(self) -> list[str]:
+        return [self.model, "--backend", self.backend, "--device", self.device, "--precision", self.precision,
+                "--max-batch", str(self.max_batch), "--max-seq", str(self.max_seq)]
+
+
+class Deadline:
+    def __init__(self, seconds: float) -> None:
+        self.end = time.monotonic() + seconds
+
+    def left(self) -> float:
+        return self.end - time.monotonic()
+
+
+class Proc:
+    """A server started in its own session, so stopping it reaches its worker processes too."""
+
+    def __init__(self, argv: list[str], log: Path) -> None:
+        self.argv = argv
+        self.log = log
+        with log.open("ab") as f:
+            self.popen = subprocess.Popen(argv, stdout=f, stderr=subprocess.STDOUT, start_new_session=True)
+
+    def stop(self) -> None:
+        if self.popen.poll() is None:
+            os.killpg(self.popen.pid, signal.SIGTERM)
+
+    def reap(self, timeout: float = 8.0) -> None:
+        try:
+            self.popen.wait(timeout)
+        except subprocess.TimeoutExpired:
+            os.killpg(self.popen.pid, signal.SIGKILL)
+            self.popen.wait()
+
+
+def stop_all(procs: list[Proc]) -> None:
+    for p in procs:
+        p.stop()
+    for p in procs:
+        p.reap()
+
+
+def get(url: str, timeout: float = 2.0) -> tuple[int, str]:
+    try:
+        with urllib.request.urlopen(url, timeout=timeout) as r:
+            return r.status, r.read().decode()
+    except OSError:
+        return 0, ""
+
+
+def wait_ready(url: str, procs: list[Proc], timeout: float) -> None:
+    end = time.monotonic() + timeout
+    while time.monotonic() < end:
+        if get(url)[0] == 200:
+            return
+        dead = [p for p in procs if p.popen.poll() is not None]
+        if dead:
+            raise RuntimeError(f"{dead[0].argv[3]} exited with {dead[0].popen.returncode}; see {dead[0].log}")
+        time.sleep(0.25)
+    raise RuntimeError(f"{url} not ready within {timeout:.0f} s")
+
+
+def scrape(base: str) -> dict[str, float]:
+    """Sum of each metric name over its label sets, from a Prometheus text page."""
+    out: dict[str, float] = {}
+    for line in get(base + "/metrics")[1].splitlines():
+        if line and not line.startswith("#"):
+            name, _, value = line.rpartition(" ")
+            key = name.split("{", 1)[0]
+            try:
+                out[key] = out.get(key, 0.0) + float(value)
+            except ValueError:
+                continue
+    return out
+
+
+class GpuSampler:
+    """NVML utilization and power every ``interval_s`` in a thread (nothing where there is no GPU)."""
+
+    def __init__(self, interval_s: float = 0.1) -> None:
+        from fleetserve.telemetry.gpu import GpuMonitor, GpuMonitorConfig
+
+        self.monitor = GpuMonitor.create(GpuMonitorConfig(interval_s=max(interval_s, 0.05)))
+        self.samples: list[tuple[float, float, float]] = []
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, args=(interval_s,), daemon=True)
+        if self.monitor is not None:
+            self._thread.start()
+
+    def _run(self, interval_s: float) -> None:
+        assert self.monitor is not None
+        while not self._stop.wait(interval_s):
+            whole = [s for s in self.monitor.sample() if not s.mig]
+            if whole:
+                s = whole[0]
+                self.samples.append((time.monotonic(), s.utilization or 0.0, s.power_watts or 0.0))
+
+    def window(self, start: float, end: float) -> dict[str, float | None]:
+        inside = [(u, p) for t, u, p in list(self.samples) if start <= t <= end]
+        if not inside:
+            return {"gpu_util": None, "gpu_power_w": None}
+        return {"gpu_util": sum(u for u, _ in inside) / len(inside),
+                "gpu_power_w": sum(p for _, p in inside) / len(inside)}
+
+    def close(self) -> None:
+        self._stop.set()
+        if self.monitor is not None:
+            self._thread.join(timeout=2.0)
+            self.monitor.close()
+
+
+def children_cpu_s() -> float:
+    usage = resource.getrusage(resource.RUSAGE_CHILDREN)
+    return usage.ru_utime + usage.ru_stime
+
+
+def bench_point(cfg: RunConfig, url: str, concurrency: int, processes: int, servers: dict[str, list[Proc]],
+                bases: list[str], gpu: GpuSampler, tag: str) -> dict[str, Any]:
+    report = cfg.work / f"bench-{tag}.json"
+    argv = [*CLI, "bench", url, "--concurrency", str(concurrency), "--duration", str(cfg.duration_s),
+            "--warmup", str(cfg.warmup_s), "--workload", "v2-binary", "--model", cfg.model, "--rows", str(cfg.rows),
+            "--tokens", str(cfg.tokens), "--output", EMBEDDING, "--processes", str(processes),
+            "--timeout", "30", "--out", str(report)]
+    before = [scrape(b) for b in bases]
+    cpu0 = {k: sum(tree_cpu_s(p.popen.pid) for p in v) for k, v in servers.items()}
+    m0, t0, kids0 = machine_cpu_s(), time.monotonic(), children_cpu_s()
+    done = subprocess.run(argv, capture_output=True, text=True, timeout=cfg.duration_s + cfg.warmup_s + 60)
+    t1 = time.monotonic()
+    bench_cpu = children_cpu_s() - kids0
+    wall = t1 - t0
+    # The measured window ends when the generator stops sending, just before it writes its report.
+    window = gpu.window(t1 - 0.3 - cfg.duration_s, t1 - 0.3)
+    after = [scrape(b) for b in bases]
+    point: dict[str, Any] = {"command": " ".join(["fleetserve", *argv[3:]]), "concurrency": concurrency, **window}
+    point.update({f"{k}_cores": (sum(tree_cpu_s(p.popen.pid) for p in v) - cpu0[k]) / wall
+                  for k, v in servers.items()})
+    point["machine_cores"] = (machine_cpu_s() - m0) / wall
+    rows = sum(a.get("fleetserve_batch_size_sum", 0) - b.get("fleetserve_batch_size_sum", 0)
+               for a, b in zip(after, before, strict=True))
+    calls = sum(a.get("fleetserve_batch_size_count", 0) - b.get("fleetserve_batch_size_count", 0)
+                for a, b in zip(after, before, strict=True))
+    point["mean_batch_rows"] = rows / calls if calls else None
+    gauges = [a["fleetserve_gpu_utilization_ratio"] for a in after if "fleetserve_gpu_utilization_ratio" in a]
+    point["replica_gpu_gauge"] = max(gauges) if gauges else None
+    point["bench_cores"] = bench_cpu / wall  # the generator's processes, start-up included
+    if done.returncode not in (0, 1) or not report.is_file():
+        point["error"] = (done.stderr or done.stdout)[-800:]
+        return point
+    r = json.loads(report.read_text())
+    lat = r["latency_s"]
+    point.update({"ok": r["ok"], "errors": r["errors"], "errors_by_type": r["errors_by_type"],
+                  "req_per_s": r["achieved_rps"], "seq_per_s": r["ok"] / r["duration_s"] * cfg.rows,
+                  "p50_ms": (lat.get("p50") or 0) * 1e3, "p99_ms": (lat.get("p99") or 0) * 1e3})
+    report.unlink()
+    return point
+
+
+def start_replicas(cfg: RunConfig, n: int, instances: int, logs: Path) -> tuple[list[Proc], list[str]]:
+    procs, bases = [], []
+    for i in range(n):
+        port = free_port()
+        argv = [*CLI, "serve", *cfg.engine_args(), "--instances", str(instances), "--host", "127.0.0.1",
+                "--port", str(port), "--grpc-port", "0", "--max-queue", str(max(8192, cfg.max_batch)),
+                "--drain-grace-s", "0", "--drain-timeout-s", "2"]
+        procs.append(Proc(argv, logs / f"replica{i}.log"))  # appended to by later starts
+        bases.append(f"http://127.0.0.1:{port}")
+    return procs, bases
+
+
+def run_replica(cfg: RunConfig, deadline: Deadline, gpu: GpuSampler, results: dict[str, Any]) -> None:
+    for instances in cfg.instances:
+        if deadline.left() < 40:
+            results["replica"].append({"instances": instances, "skipped": "out of time"})
+            continue
+        procs, bases = start_replicas(cfg, 1, instances, cfg.work)
+        try:
+            wait_ready(bases[0] + "/v2/health/ready", procs, min(120.0, deadline.left()))
+            for c in cfg.concurrency:
+                if deadline.left() < cfg.duration_s + cfg.warmup_s + 10:
+                    results["replica"].append({"instances": instances, "concurrency": c, "skipped": "out of time"})
+                    continue
+                point = bench_point(cfg, bases[0], c, 2, {"replica": procs}, bases, gpu, f"r{instances}-c{c}")
+                results["replica"].append({"instances": instances, **point})
+                save(cfg, results)
+        except (RuntimeError, subprocess.TimeoutExpired) as exc:
+            results["replica"].append({"instances": instances, "error": str(exc)})
+        finally:
+            stop_all(procs)
+
+
+def run_fleet(cfg: RunConfig, deadline: Deadline, gpu: GpuSampler, results: dict[str, Any]) -> None:
+    for n in cfg.replicas:
+        if deadline.left() < 45:
+            results["fleet"].append({"replicas": n, "skipped": "out of time"})
+            continue
+        procs, bases = start_replicas(cfg, n, cfg.fleet_instances, cfg.work)
+        workers = max(2, n)
+        port = free_port()
+        gateway_argv = [*CLI, "gateway", *(a for b in bases for a in ("--backend", b)), "--host", "127.0.0.1",
+                        "--port", str(port), "--workers", str(workers), "--health-interval", "0.5"]
+        gateway: list[Proc] = []
+        try:
+            for b in bases:
+                wait_ready(b + "/v2/health/ready", procs, min(150.0, deadline.left()))
+            gateway.append(Proc(gateway_argv, cfg.work / "gateway.log"))
+            url = f"http://127.0.0.1:{port}"
+            wait_ready(url + "/v2/health/ready", gateway, 30.0)
+            time.sleep(1.0)  # every worker's health checker has seen every backend
+            for c in cfg.fleet_concurrency:
+                if deadline.left() < cfg.duration_s + cfg.warmup_s + 10:
+                    results["fleet"].append({"replicas": n, "concurrency": c, "skipped": "out of time"})
+                    continue
+                point = bench_point(cfg, url, c, max(2, min(n, 4)), {"replica": procs, "gateway": gateway},
+                                    bases, gpu, f"f{n}-c{c}")
+                results["fleet"].append({"replicas": n, "instances": cfg.fleet_instances,
+                                         "gateway_workers": workers, "gateway": " ".join(gateway_argv[3:]), **point})
+                save(cfg, results)
+        except (RuntimeError, subprocess.TimeoutExpired) as exc:
+            results["fleet"].append({"replicas": n, "error": str(exc)})
+        finally:
+            stop_all(gateway + procs)
+
+
+def run_build(cfg: RunConfig, deadline: Deadline) -> dict[str, Any]:
+    argv = [*CLI, "build", *cfg.engine_args(), "--json"]
+    t0 = time.monotonic()
+    try:
+        done = subprocess.run(argv, capture_output=True, text=True, timeout=min(75.0, deadline.left()))
+        ok, tail = done.returncode == 0, (done.stderr + done.stdout)[-1500:]
+    except subprocess.TimeoutExpired:
+        ok, tail = False, "timed out"
+    out: dict[str, Any] = {"command": " ".join(["fleetserve", *argv[3:]]), "ok": ok, "seconds": time.monotonic() - t0}
+    if not ok:
+        out["failure"] = tail
+        seed_store(cfg)
+        done = subprocess.run(argv, capture_output=True, text=True, timeout=min(100.0, deadline.left()))
+        out["seeded_store"] = done.returncode == 0
+        if done.returncode != 0:
+            raise RuntimeError(f"build failed even with a seeded store: {(done.stderr + done.stdout)[-1500:]}")
+    return out
+
+
+def seed_store(cfg: RunConfig) -> None:
+    """A store entry without an ONNX export; the torch-cuda build reads the zoo's PyTorch model, not the graph."""
+    import shutil
+
+    from fleetserve.models.store import ModelMeta
+    from fleetserve.models.torch_models import minilm_dir
+    from fleetserve.models.zoo import get_zoo_model
+
+    zoo = get_zoo_model(cfg.model)
+    directory = cfg.home / "models" / zoo.name
+    directory.mkdir(parents=True, exist_ok=True)
+    (directory / "model.onnx").write_bytes(f"placeholder: {zoo.name} for torch-cuda\n".encode())
+    shutil.copy(minilm_dir() / "tokenizer.json", directory / "tokenizer.json")
+    ModelMeta(zoo.name, zoo.hidden_size, zoo.max_seq).write(directory)
+
+
+def raw_engine(cfg: RunConfig) -> dict[str, Any]:
+    """Runs in a child process (``--raw``): the built engine called directly, no server."""
+    import random
+
+    from fleetserve.bench.workloads import token_ids
+    from fleetserve.config import EngineConfig
+    from fleetserve.engine.builder import build
+
+    engine = build(EngineConfig(model=cfg.model, precision=cfg.precision, backend=cfg.backend,  # type: ignore[arg-type]
+                                max_batch=cfg.max_batch, max_seq=cfg.max_seq, device=cfg.device), quiet=True).load()
+    ids = token_ids(random.Random(0), cfg.tokens, cfg.max_batch)
+    feed = {"input_ids": ids, "attention_mask": (ids * 0 + 1), "token_type_ids": ids * 0}
+    insts: list[Any] = [engine.instance() for _ in range(max(cfg.instances))]  # torch-cuda's take outputs
+    out: dict[str, Any] = {"batch": cfg.max_batch, "tokens": cfg.tokens}
+
+    def loop(call: Any, counts: list[int], i: int, stop: float) -> None:
+        while time.monotonic() < stop:
+            call()
+            counts[i] += cfg.max_batch
+
+    def rate(calls: list[Any]) -> float:
+        for c in calls:
+            c()
+        counts = [0] * len(calls)
+        t0 = time.monotonic()
+        threads = [threading.Thread(target=loop, args=(c, counts, i, t0 + cfg.raw_s)) for i, c in enumerate(calls)]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join()
+        return sum(counts) / (time.monotonic() - t0)
+
+    out["infer_all_outputs_seq_per_s"] = rate([lambda: insts[0].infer(feed)])
+    if hasattr(insts[0], "replay"):
+        out["infer_embedding_only_seq_per_s"] = rate([lambda: insts[0].infer(feed, (EMBEDDING,))])
+        from fleetserve.engine.base import ShapeProfile
+
+        seq = ShapeProfile(cfg.max_batch, cfg.max_seq).seq_bucket(cfg.tokens)
+
+        def replay() -> None:
+            insts[0].replay(cfg.max_batch, seq)
+            insts[0].stream.synchronize()
+
+        out["graph_replay_seq_per_s"] = rate([replay])
+    for n in cfg.instances:
+        out[f"infer_all_outputs_{n}_instances_seq_per_s"] = rate(
+            [lambda inst=inst: inst.infer(feed) for inst in insts[:n]])
+    engine.close()
+    return out
+
+
+def save(cfg: RunConfig, results: dict[str, Any]) -> None:
+    (cfg.out / "gpu_server.json").write_text(json.dumps(results, indent=2, default=str) + "\n")
+
+
+def fmt(v: Any, spec: str = ",.0f") -> str:
+    return "" if v is None else format(v, spec)
+
+
+def markdown(results: dict[str, Any]) -> str:
+    raw = results.get("raw") or {}
+    # The ceiling a server is held to: the best single-instance infer() (embedding only, where supported).
+    base = raw.get("infer_embedding_only_seq_per_s") or raw.get("infer_all_outputs_seq_per_s")
+    lines = [f"GPU server run: {results['gpu']}; rows {results['config']['rows']} x tokens "
+             f"{results['config']['tokens']} per request; budget {results['config']['budget_s']:.0f} s, "
+             f"took {results.get('elapsed_s', 0):.0f} s", "", f"build: `{results['build'].get('command')}` "
+             f"ok={results['build'].get('ok')} seeded={results['build'].get('seeded_store')}", "",
+             "| raw engine (no server) | seq/s |", "|---|---:|"]
+    lines += [f"| {k.removesuffix('_seq_per_s')} | {fmt(v)} |" for k, v in raw.items() if k.endswith("_seq_per_s")]
+    head = ("| seq/s | % of raw | p50 ms | p99 ms | errors | GPU util | replica gauge | mean batch | replica cores "
+            "| gateway cores | bench cores | machine cores |")
+    cols = "|---:" * 12 + "|"
+
+    def row(p: dict[str, Any]) -> str:
+        if "skipped" in p or "error" in p:
+            return "| " + (p.get("skipped") or str(p.get("error"))[-200:].replace("\n", " ")) + " |" + " |" * 11
+        pct = 100 * p["seq_per_s"] / base if base and p.get("seq_per_s") else None
+        return (f"| {fmt(p.get('seq_per_s'))} | {fmt(pct, '.0f')} | {fmt(p.get('p50_ms'), '.1f')} | "
+                f"{fmt(p.get('p99_ms'), '.1f')} | {p.get('errors', '')} | {fmt(p.get('gpu_util'), '.2f')} | "
+                f"{fmt(p.get('replica_gpu_gauge'), '.2f')} | {fmt(p.get('mean_batch_rows'), '.1f')} | "
+                f"{fmt(p.get('replica_cores'), '.1f')} | {fmt(p.get('gateway_cores'), '.1f')} | "
+                f"{fmt(p.get('bench_cores'), '.1f')} | {fmt(p.get('machine_cores'), '.1f')} |")
+
+    lines += ["", "### one replica", "", "| instances | concurrency " + head, "|---:|---:" + cols]
+    lines += [f"| {p['instances']} | {p.get('concurrency', '')} " + row(p) for p in results["replica"]]
+    lines += ["", "### replicas behind the gateway", "", "| replicas | gateway workers | concurrency " + head,
+              "|---:|---:|---:" + cols]
+    lines += [f"| {p['replicas']} | {p.get('gateway_workers', '')} | {p.get('concurrency', '')} " + row(p)
+              for p in results["fleet"]]
+    commands = {f"    {p['command']}" for k in ("replica", "fleet") for p in results[k] if "command" in p}
+    lines += ["", "commands:", "", *sorted(commands)]
+    lines += sorted({f"    fleetserve {p['gateway']}" for p in results["fleet"] if "gateway" in p})
+    return "\n".join(lines) + "\n"
+
+
+def parse_args(argv: list[str] | None = None) -> tuple[RunConfig, argparse.Namespace]:
+    ints = lambda s: tuple(int(x) for x in s.split(",") if x)  # noqa: E731
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--cpu-smoke", action="store_true", help="tiny model on CPU, short points: test the script")
+    p.add_argument("--raw", action="store_true", help=argparse.SUPPRESS)
+    p.add_argument("--model")
+    p.add_argument("--instances", type=ints)
+    p.add_argument("--concurrency", type=ints)
+    p.add_argument("--replicas", type=ints)
+    p.add_argument("--fleet-concurrency", type=ints)
+    p.add_argument("--duration", type=float)
+    p.add_argument("--budget-s", type=float)
+    p.add_argument("--out", type=Path)
+    p.add_argument("--home", type=Path)
+    args = p.parse_args(argv)
+    cfg = RunConfig()
+    if args.cpu_smoke:
+        cfg = replace(cfg, model="tiny", backend="auto", device="cpu", precision="fp32", max_batch=32, max_seq=32,
+                      rows=8, tokens=32, instances=(1, 2), concurrency=(2, 8), replicas=(1, 2), fleet_concurrency=(8,),
+                      duration_s=1.5, warmup_s=0.5, raw_s=0.5, budget_s=150.0)
+    overrides = {"model": args.model, "instances": args.instances, "concurrency": args.concurrency,
+                 "replicas": args.replicas,
+                 "fleet_concurrency": args.fleet_concurrency, "duration_s": args.duration,
+                 "budget_s": args.budget_s, "out": args.out, "home": args.home}
+    return replace(cfg, **{k: v for k, v in overrides.items() if v is not None}), args
+
+
+def main(argv: list[str] | None = None) -> int:
+    cfg, args = parse_args(argv)
+    os.environ["FLEETSERVE_HOME"] = str(cfg.home)
+    cfg.out.mkdir(parents=True, exist_ok=True)
+    if args.raw:
+        print(json.dumps(raw_engine(cfg)))
+        return 0
+    t0, deadline = time.monotonic(), Deadline(cfg.budget_s)
+    gpu = GpuSampler()
+    name = gpu.monitor.sample()[0].name if gpu.monitor is not None else "no GPU"
+    results: dict[str, Any] = {"gpu": name, "config": asdict(cfg), "replica": [], "fleet": []}
+    try:
+        results["build"] = run_build(cfg, deadline)
+        print("build:", results["build"], flush=True)
+        raw = subprocess.run([sys.executable, __file__, "--raw", *(argv or sys.argv[1:])], capture_output=True,
+                             text=True, timeout=min(120.0, deadline.left()))
+        results["raw"] = json.loads(raw.stdout.strip().splitlines()[-1]) if raw.returncode == 0 else None
+        if raw.returncode != 0:
+            results["raw_error"] = raw.stderr[-1500:]
+        print("raw:", results["raw"] or results["raw_error"], flush=True)
+        save(cfg, results)
+        run_replica(cfg, deadline, gpu, results)
+        run_fleet(cfg, deadline, gpu, results)
+    finally:
+        gpu.close()
+        results["elapsed_s"] = time.monotonic() - t0
+        save(cfg, results)
+        text = markdown(results) if "build" in results else "no build\n"
+        (cfg.out / "gpu_server.md").write_text(text)
+        print(text, flush=True)
+        tails = [f"==== {f.name}\n{f.read_text(errors='replace')[-4000:]}" for f in sorted(cfg.work.glob("*.log"))]
+        (cfg.out / "servers.log").write_text("\n".join(tails) + "\n")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
