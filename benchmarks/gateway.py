@@ -104,7 +104,7 @@ async def main(args: argparse.Namespace) -> list[ScenarioResult]:
         crash = await run(fault="crash", rate=rate)
         print("\n### crash (SIGKILL replica 0)\n" + table([crash], ("out_after_s", "back_after_s", "restarts")))
     if "rolling" in only:
-        rolling = await run(fault="rolling", rate=rate, duration_s=max(d, 40.0))
+        rolling = await run(fault="rolling", rate=rate)
         print("\n### rolling restart (SIGTERM each replica in turn)\n" + table([rolling], ("restarts",)))
     return results
 
