@@ -2,13 +2,15 @@
 
 Proxied (``GET`` and ``POST``): ``/v2`` and everything under ``/v2/``, and ``/inference`` — the
 replica's KServe v2 and text inference surface. Anything else is a JSON 404 (405 for a known path
-with another method). Edge guards (auth, rate limits, input limits) are aiohttp middlewares passed
-in outermost first; they wrap every route, so they decide which paths they exempt.
+with another method). Every route, admin ones included, runs behind the edge guards of
+``config.edge`` (outermost: input limits always; shedding, JWT auth and rate limits when configured,
+each skipping the paths ``edge.exempt_paths`` lists), then any extra ``middlewares`` (outermost first).
 """
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+import time
+from collections.abc import Callable, Sequence
 
 from aiohttp import web
 from aiohttp.typedefs import Handler, Middleware
@@ -16,6 +18,8 @@ from aiohttp.typedefs import Handler, Middleware
 from fleetserve.gateway.admin import add_admin_routes
 from fleetserve.gateway.balancer import Balancer
 from fleetserve.gateway.config import GatewayConfig
+from fleetserve.gateway.edge import app_kwargs
+from fleetserve.gateway.guards import EdgeGuards
 from fleetserve.gateway.metrics import NO_BACKEND, GatewayMetrics
 from fleetserve.gateway.proxy import REQUEST_ID_HEADER, Proxy
 from fleetserve.gateway.tracing import IdGenerator, request_id
@@ -45,13 +49,17 @@ def _json_errors(metrics: GatewayMetrics, ids: IdGenerator) -> Middleware:
 
 
 def build_app(config: GatewayConfig, balancer: Balancer, upstreams: UpstreamPools, metrics: GatewayMetrics,
-              middlewares: Sequence[Middleware] = (), *, ids: IdGenerator | None = None) -> web.Application:
+              middlewares: Sequence[Middleware] = (), *, ids: IdGenerator | None = None,
+              guards: EdgeGuards | None = None, clock: Callable[[], float] = time.monotonic) -> web.Application:
+    """The application; ``guards`` defaults to those of ``config.edge``, registered in ``metrics.registry``."""
     ids = ids if ids is not None else IdGenerator()
+    if guards is None:
+        guards = EdgeGuards.create(config.edge, metrics.registry, clock)
     app = web.Application(
-        middlewares=[*middlewares, _json_errors(metrics, ids)],
-        client_max_size=config.max_body_bytes,
+        middlewares=[*guards.middlewares, *middlewares, _json_errors(metrics, ids)],
+        **app_kwargs(config.edge.limits),
     )
-    proxy = Proxy(config, balancer, upstreams, metrics, ids=ids)
+    proxy = Proxy(config, balancer, upstreams, metrics, ids=ids, guards=guards, clock=clock)
     add_admin_routes(app, balancer, metrics)
     for path in PROXIED_PATHS:
         app.router.add_route("GET", path, proxy.handle)

@@ -1,14 +1,20 @@
 """The gateway's configuration: one frozen, validated object built by the CLI and passed everywhere.
 
-It holds plain values only (backends as ``URL[=WEIGHT]`` strings), so it pickles into worker
-processes unchanged; :meth:`GatewayConfig.endpoints` turns the backends into endpoints.
+It holds plain values only (backends as ``URL[=WEIGHT]`` strings, key files as paths), so it pickles
+into worker processes unchanged; :meth:`GatewayConfig.endpoints` turns the backends into endpoints.
+
+``edge`` configures the edge guards (JWT, rate limits, shedding; input limits always on) of the HTTP
+listener; the gRPC listener has none, so it cannot be combined with JWT or rate limits. The body
+limit is one setting: ``max_body_bytes`` here, which :class:`GatewayConfig` writes into
+``edge.limits.max_body_bytes`` so the guards and the proxy can never disagree.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 from fleetserve.gateway.balancer import BalancerConfig
+from fleetserve.gateway.edge.config import EdgeConfig
 from fleetserve.gateway.endpoint import Endpoint
 from fleetserve.gateway.upstream import PoolConfig
 
@@ -43,6 +49,7 @@ class GatewayConfig:
     health_checks: bool = True
     upstream: PoolConfig = field(default_factory=PoolConfig)
     balancer: BalancerConfig = field(default_factory=BalancerConfig)
+    edge: EdgeConfig = field(default_factory=EdgeConfig)
 
     def __post_init__(self) -> None:
         _port("port", self.port)
@@ -72,6 +79,14 @@ class GatewayConfig:
                              f"({self.max_request_timeout_ms}), got {self.request_timeout_ms}")
         if self.max_body_bytes < 1:
             raise ValueError(f"max_body_bytes must be >= 1, got {self.max_body_bytes}")
+        if not isinstance(self.edge, EdgeConfig):
+            raise ValueError(f"edge must be an EdgeConfig, got {type(self.edge).__name__}")
+        if self.grpc_port and (self.edge.jwt is not None or self.edge.rate_limits):
+            # The guards are HTTP middlewares; a gRPC listener beside them would be a way around them.
+            raise ValueError("JWT auth and rate limits guard HTTP only: they cannot be combined with --grpc-port")
+        if self.edge.limits.max_body_bytes != self.max_body_bytes:
+            limits = replace(self.edge.limits, max_body_bytes=self.max_body_bytes)
+            object.__setattr__(self, "edge", replace(self.edge, limits=limits))
         if not 0 <= self.max_retries <= 3:
             raise ValueError(f"max_retries must be in 0..3, got {self.max_retries}")
         if self.retry_after_s < 1:

@@ -7,10 +7,17 @@ time on a replica not tried yet, only while the balancer's retry budget allows a
 leaves time. Never after a response started to arrive (the pool returns only whole responses, so a
 broken one is a 502) and never on a 4xx, which is the client's to see unchanged.
 
-The deadline (``X-Fleetserve-Timeout-Ms``, else the configured default) bounds the whole request,
-body upload and retries included (504 past it); what is left of it is forwarded in the same header
-so the replica can drop work nobody waits for. When no replica can take the request the answer is
-a quick 503 with ``Retry-After``, never a hang.
+The deadline (``X-Fleetserve-Timeout-Ms``, else the configured default) bounds forwarding, retries
+included (504 past it); what is left of it is forwarded in the same header so the replica can drop
+work nobody waits for. The body was already read and bounded by the edge guards (size, upload time,
+JSON shape) before this handler runs. When no replica can take the request the answer is a quick
+503 with ``Retry-After``, never a hang.
+
+With a per-replica in-flight cap (``edge.shedding.replica_max_inflight``, Envoy's per-cluster
+``max_requests`` circuit breaker), a replica at its cap is passed over for another; when every
+replica is at its cap the request is refused at once with 503 + ``Retry-After`` rather than queued,
+so admitted requests keep their latency. Verified caller identity (``X-Fleetserve-Subject`` /
+``-Tenant``) is set here from the auth guard's result; client-sent values never pass.
 """
 
 from __future__ import annotations
@@ -26,7 +33,9 @@ from multidict import CIMultiDict
 
 from fleetserve.gateway.balancer import Balancer, RequestContext
 from fleetserve.gateway.config import GatewayConfig
+from fleetserve.gateway.edge import IDENTITY_HEADERS, identity_headers
 from fleetserve.gateway.endpoint import Endpoint
+from fleetserve.gateway.guards import EdgeGuards
 from fleetserve.gateway.health import Probe
 from fleetserve.gateway.metrics import NO_BACKEND, GatewayMetrics
 from fleetserve.gateway.tracing import IdGenerator, next_hop, parse_traceparent, request_id
@@ -48,15 +57,16 @@ _HOP_BY_HOP = frozenset({
     "connection", "keep-alive", "proxy-connection", "proxy-authenticate", "proxy-authorization", "te",
     "trailer", "transfer-encoding", "upgrade", "host", "content-length", "expect",
 })
-_SET_HERE = frozenset({"traceparent", "tracestate", "x-request-id", "x-forwarded-for", TIMEOUT_HEADER.lower()})
+_SET_HERE = frozenset({"traceparent", "tracestate", "x-request-id", "x-forwarded-for", TIMEOUT_HEADER.lower(),
+                       *(name.lower() for name in IDENTITY_HEADERS)})
 _DROP_REQUEST = _HOP_BY_HOP | _SET_HERE
 _DROP_RESPONSE = _HOP_BY_HOP | {"x-request-id"}
 
 
-def error_response(status: int, message: str, rid: str, retry_after_s: int | None = None) -> web.Response:
+def error_response(status: int, message: str, rid: str, retry_after: str | int | None = None) -> web.Response:
     headers = {REQUEST_ID_HEADER: rid}
-    if retry_after_s is not None:
-        headers["Retry-After"] = str(retry_after_s)
+    if retry_after is not None:
+        headers["Retry-After"] = str(retry_after)
     return web.Response(status=status, body=json.dumps({"error": message}).encode(),
                         content_type="application/json", headers=headers)
 
@@ -80,12 +90,14 @@ class Proxy:
     """The handler behind every proxied route."""
 
     def __init__(self, config: GatewayConfig, balancer: Balancer, upstreams: UpstreamPools,
-                 metrics: GatewayMetrics, *, ids: IdGenerator | None = None,
+                 metrics: GatewayMetrics, *, guards: EdgeGuards, ids: IdGenerator | None = None,
                  clock: Callable[[], float] = time.monotonic) -> None:
         self._config = config
         self._balancer = balancer
         self._upstreams = upstreams
         self._metrics = metrics
+        self._guards = guards
+        self._replica_limiter = guards.replica_limiter
         self._ids = ids if ids is not None else IdGenerator()
         self._clock = clock
 
@@ -118,20 +130,8 @@ class Proxy:
             timeout_s = self._timeout_s(request.headers.get(TIMEOUT_HEADER))
         except ValueError as exc:
             return error_response(400, str(exc), rid), NO_BACKEND
-        loop = asyncio.get_running_loop()
-        deadline = loop.time() + timeout_s
-        limit = self._config.max_body_bytes
-        if request.content_length is not None and request.content_length > limit:
-            return error_response(413, f"request body of {request.content_length} bytes exceeds the "
-                                       f"limit of {limit} bytes", rid), NO_BACKEND
-        try:
-            async with asyncio.timeout_at(deadline):
-                body = await request.read()
-        except web.HTTPRequestEntityTooLarge:
-            return error_response(413, f"request body exceeds the limit of {limit} bytes", rid), NO_BACKEND
-        except TimeoutError:
-            return error_response(408, f"request body not received within {timeout_s * 1000:.0f} ms",
-                                  rid), NO_BACKEND
+        deadline = asyncio.get_running_loop().time() + timeout_s
+        body = await request.read()  # already read and bounded by the edge's body limits: no I/O here
         headers = self._forward_headers(request, rid)
         ctx = RequestContext(request.method, request.path, len(body), request.headers, rid)
         outcome = await self._forward(ctx, request.raw_path, headers, body, deadline, timeout_s)
@@ -143,7 +143,7 @@ class Proxy:
         return outcome.response, outcome.backend
 
     def _no_replica(self, rid: str, message: str) -> web.Response:
-        return error_response(503, message, rid, retry_after_s=self._config.retry_after_s)
+        return error_response(503, message, rid, retry_after=self._config.retry_after_s)
 
     def _forward_headers(self, request: web.Request, rid: str) -> list[tuple[str, str]]:
         incoming = request.headers
@@ -157,6 +157,7 @@ class Proxy:
         if parent is not None and state:
             headers.append(("tracestate", state))
         headers.append((REQUEST_ID_HEADER, rid))
+        headers.extend(identity_headers(request).items())
         peer = request.remote
         if peer:
             prior = incoming.get("X-Forwarded-For")
@@ -169,32 +170,61 @@ class Proxy:
         loop = asyncio.get_running_loop()
         tried: list[Endpoint] = []
         outcome: _Outcome | None = None
+        saturated = False
         for attempt in range(self._config.max_retries + 1):
-            ep = balancer.pick(ctx, exclude=tried)
+            ep, saturated = self._pick(ctx, tried)
             if ep is None:
                 break
-            if loop.time() >= deadline:
-                return self._deadline_passed(timeout_s, ctx.request_id)
-            if attempt == 0:
-                outcome = await self._attempt(ep, ctx, target, headers, body, deadline)
-            elif balancer.retry_budget.try_acquire():
-                self._metrics.retries.inc()
-                try:
+            try:
+                if loop.time() >= deadline:
+                    return self._deadline_passed(timeout_s, ctx.request_id)
+                if attempt == 0:
                     outcome = await self._attempt(ep, ctx, target, headers, body, deadline)
-                finally:
-                    balancer.retry_budget.release()
-            else:
-                self._metrics.retry_budget_exhausted.inc()
-                break
+                elif balancer.retry_budget.try_acquire():
+                    self._metrics.retries.inc()
+                    try:
+                        outcome = await self._attempt(ep, ctx, target, headers, body, deadline)
+                    finally:
+                        balancer.retry_budget.release()
+                else:
+                    self._metrics.retry_budget_exhausted.inc()
+                    break
+            finally:
+                if self._replica_limiter is not None:
+                    self._replica_limiter.release(ep.url)
             if outcome.response.status == 504 and loop.time() >= deadline:
                 return self._deadline_passed(timeout_s, ctx.request_id)
             if not outcome.retryable:
                 break
             tried.append(ep)
         if outcome is None:
+            if saturated:
+                return self._saturated(ctx.request_id)
             return _Outcome(self._no_replica(ctx.request_id, "no healthy replica is available"),
                             NO_BACKEND, retryable=False)
         return outcome
+
+    def _pick(self, ctx: RequestContext, tried: list[Endpoint]) -> tuple[Endpoint | None, bool]:
+        """A replica outside ``tried`` holding one of its in-flight slots when capped (released by the
+        caller), and whether some replica was passed over for being at its cap."""
+        ep = self._balancer.pick(ctx, exclude=tried)
+        limiter = self._replica_limiter
+        if limiter is None or ep is None or limiter.try_acquire(ep.url):
+            return ep, False
+        full = [*tried, ep]
+        while True:  # each round excludes one more replica, so this ends within the fleet's size
+            ep = self._balancer.pick(ctx, exclude=full)
+            if ep is None or limiter.try_acquire(ep.url):
+                return ep, True
+            full.append(ep)
+
+    def _saturated(self, rid: str) -> _Outcome:
+        self._guards.observer.rejected("overloaded")
+        limiter = self._replica_limiter
+        assert limiter is not None
+        message = f"every replica is at its limit of {limiter.limit} requests in flight"
+        return _Outcome(error_response(503, message, rid, retry_after=self._guards.retry_after), NO_BACKEND,
+                        retryable=False)
 
     async def _attempt(self, ep: Endpoint, ctx: RequestContext, target: str, headers: list[tuple[str, str]],
                        body: bytes, deadline: float) -> _Outcome:

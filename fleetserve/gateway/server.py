@@ -5,7 +5,11 @@
 - :func:`run_gateway` blocks until SIGINT/SIGTERM. With ``workers > 1`` it runs that many worker
   processes on one port through SO_REUSEPORT, the kernel spreading connections across them; each
   worker keeps its own balancer state, health checks and metrics, as Envoy's workers do.
-- :func:`add_arguments` / :func:`run` are the ``fleetserve gateway`` command.
+- :func:`add_arguments` / :func:`run` are the ``fleetserve gateway`` command; the edge guard options
+  and the ``edge:`` section of the ``--config`` file are read by :mod:`.edge_options`.
+
+Every listener runs behind the edge guards of ``config.edge`` (see :mod:`.guards`): middlewares on
+every route, and a connection guard (header-read deadline, connection cap) below HTTP.
 """
 
 from __future__ import annotations
@@ -35,8 +39,12 @@ from fleetserve.gateway.app import build_app
 from fleetserve.gateway.balancer import Balancer, BalancerConfig, run_discovery
 from fleetserve.gateway.config import DISCOVERY_KINDS, GatewayConfig
 from fleetserve.gateway.discovery import Discovery, DnsDiscovery, FileDiscovery, Insert
+from fleetserve.gateway.edge import server_kwargs
+from fleetserve.gateway.edge_options import add_edge_arguments, edge_from_args
 from fleetserve.gateway.grpc_proxy import GrpcProxy, start_grpc_server
+from fleetserve.gateway.guards import EdgeGuards, check_edge
 from fleetserve.gateway.health import run_health_checks
+from fleetserve.gateway.listen import guarded_site
 from fleetserve.gateway.metrics import GatewayMetrics
 from fleetserve.gateway.policies import DEFAULT_POLICY, policy_names
 from fleetserve.gateway.proxy import readiness_probe
@@ -45,7 +53,8 @@ from fleetserve.telemetry import logs
 
 log = logging.getLogger(__name__)
 
-# Builds the edge guards of one worker; must pickle (a module-level function or a partial of one).
+# Builds extra middlewares of one worker, run inside the edge guards; must pickle (a module-level
+# function or a partial of one).
 MiddlewareFactory = Callable[[CollectorRegistry], Sequence[Middleware]]
 _FIELD_DEFAULTS: dict[str, Any] = {f.name: f.default for f in fields(GatewayConfig)}
 _PRUNE_INTERVAL_S = 5.0
@@ -62,6 +71,7 @@ class GatewayHandle:
     upstreams: UpstreamPools
     port: int
     grpc_port: int | None
+    guards: EdgeGuards
 
     @property
     def url(self) -> str:
@@ -122,18 +132,20 @@ async def serve_gateway(
     runner: web.AppRunner | None = None
     grpc_server: grpc.aio.Server | None = None
     try:
-        guards = middlewares(metrics.registry) if middlewares else ()
-        runner = web.AppRunner(build_app(config, balancer, upstreams, metrics, guards), access_log=None,
-                               handle_signals=False, shutdown_timeout=_SHUTDOWN_GRACE_S)
+        guards = EdgeGuards.create(config.edge, metrics.registry, clock)
+        extra = middlewares(metrics.registry) if middlewares else ()
+        app = build_app(config, balancer, upstreams, metrics, extra, guards=guards, clock=clock)
+        runner = web.AppRunner(app, access_log=None, handle_signals=False, shutdown_timeout=_SHUTDOWN_GRACE_S,
+                               **server_kwargs(config.edge.limits))
         await runner.setup()
-        site = web.TCPSite(runner, config.host, config.port, reuse_port=reuse_port, backlog=1024)
+        site = guarded_site(runner, config.host, config.port, guards.limits, guards.observer, reuse_port=reuse_port)
         await site.start()
         port = int(runner.addresses[0][1])
         grpc_port: int | None = None
         if grpc_proxy is not None:
             grpc_server, grpc_port = await start_grpc_server(grpc_proxy, config.host, config.grpc_port,
                                                              reuse_port=reuse_port)
-        yield GatewayHandle(config, balancer, metrics, upstreams, port, grpc_port)
+        yield GatewayHandle(config, balancer, metrics, upstreams, port, grpc_port, guards)
     finally:
         for task in tasks:
             task.cancel()
@@ -252,19 +264,23 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
              "(default %(default)s)")
     add("--max-body-bytes", type=int, default=default["max_body_bytes"],
         help="largest request body accepted; 413 beyond (default %(default)s)")
+    add_edge_arguments(parser)
 
 
 def config_from_args(args: argparse.Namespace) -> GatewayConfig:
-    """A validated config from the parsed options (ValueError naming the bad option)."""
+    """A validated config from the parsed options and the ``edge:`` section of ``args.config`` (ValueError
+    naming the bad option)."""
     balancer = BalancerConfig(policy=args.policy, health_interval_s=args.health_interval,
                               slow_start_s=args.slow_start_s)
     return GatewayConfig(
         host=args.host, port=args.port, grpc_port=args.grpc_port, workers=args.workers,
         backends=tuple(args.backend), discovery=args.discovery, discovery_file=args.discovery_file,
         dns_name=args.dns_name, dns_port=args.dns_port, request_timeout_ms=args.timeout_ms,
-        max_body_bytes=args.max_body_bytes, balancer=balancer,
+        max_body_bytes=args.max_body_bytes, balancer=balancer, edge=edge_from_args(args),
     )
 
 
 def run(args: argparse.Namespace) -> int:
-    return run_gateway(config_from_args(args))
+    config = config_from_args(args)
+    check_edge(config.edge)
+    return run_gateway(config)

@@ -47,7 +47,7 @@ async def test_oversized_bodies_are_413(replicas: StartReplicas, gateway: StartG
     gw = await gateway([replica.url], max_body_bytes=1000)
     async with client.post(gw.url + "/v2/models/m/infer", data=b"x" * 1001) as res:
         assert res.status == 413
-        assert await res.json() == {"error": "request body of 1001 bytes exceeds the limit of 1000 bytes"}
+        assert await res.json() == {"error": "request body is 1001 bytes; the limit is 1000"}
 
     async def chunks() -> AsyncIterator[bytes]:
         for _ in range(5):
@@ -55,7 +55,7 @@ async def test_oversized_bodies_are_413(replicas: StartReplicas, gateway: StartG
 
     async with client.post(gw.url + "/inference", data=chunks()) as res:  # no Content-Length
         assert res.status == 413
-        assert (await res.json())["error"] == "request body exceeds the limit of 1000 bytes"
+        assert (await res.json())["error"] == "request body exceeds 1000 bytes"
     async with client.post(gw.url + "/v2/models/m/infer", data=b"x" * 1000) as res:
         assert res.status == 200
     assert replica.hits == 1

@@ -22,6 +22,7 @@ import asyncio
 import json
 from collections.abc import Callable
 from ssl import SSLContext
+from typing import cast
 
 from aiohttp import web
 from aiohttp.web_protocol import RequestHandler
@@ -53,6 +54,11 @@ def awaiting_head(handler: RequestHandler) -> bool:
     return waiter is not None and not waiter.done()
 
 
+def head_complete(handler: RequestHandler) -> bool:
+    """Whether aiohttp holds a complete request head: parsed and queued (``_messages``) or being handled."""
+    return bool(handler._messages) or handler._request_in_progress
+
+
 class ConnectionGuard:
     """Protocol factory for ``loop.create_server``: guards every connection of one listener."""
 
@@ -82,7 +88,7 @@ class ConnectionGuard:
 class GuardedConnection(asyncio.Protocol):
     """One client connection: forwards to aiohttp's handler and times its request heads."""
 
-    __slots__ = ("_guard", "_handler", "_partial", "_timer", "_transport")
+    __slots__ = ("_first_head", "_guard", "_handler", "_partial", "_timer", "_transport")
 
     def __init__(self, guard: ConnectionGuard) -> None:
         self._guard = guard
@@ -90,9 +96,14 @@ class GuardedConnection(asyncio.Protocol):
         self._transport: asyncio.Transport | None = None
         self._timer: asyncio.TimerHandle | None = None
         self._partial = False
+        # Until the first head is complete every byte belongs to it, even before aiohttp's request loop
+        # first parks: uvloop delivers the first bytes in the same loop iteration as connection_made.
+        self._first_head = True
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
-        assert isinstance(transport, asyncio.Transport)
+        # A cast, not an isinstance check: uvloop's transports implement the protocol without subclassing
+        # asyncio.Transport, and the gateway runs on uvloop when it is installed.
+        transport = cast(asyncio.Transport, transport)
         self._transport = transport
         guard = self._guard
         if guard.active >= guard.max_connections:
@@ -108,14 +119,16 @@ class GuardedConnection(asyncio.Protocol):
         if handler is None:
             return  # a rejected connection: discard what it sends
         handler.data_received(data)
-        if awaiting_head(handler):
+        if head_complete(handler):
+            self._first_head = False
+            self._partial = False
+            if self._timer is not None:
+                self._timer.cancel()
+                self._timer = None
+        elif self._first_head or awaiting_head(handler):
             self._partial = True
             if self._timer is None:
                 self._arm()
-        elif self._timer is not None:
-            self._timer.cancel()
-            self._timer = None
-            self._partial = False
 
     def eof_received(self) -> None:
         # Returning None lets the transport close, as aiohttp's own handler does on a half-close.
