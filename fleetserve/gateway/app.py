@@ -22,8 +22,8 @@ from fleetserve.gateway.edge import app_kwargs
 from fleetserve.gateway.guards import EdgeGuards
 from fleetserve.gateway.metrics import NO_BACKEND, GatewayMetrics
 from fleetserve.gateway.proxy import REQUEST_ID_HEADER, Proxy
-from fleetserve.gateway.tracing import IdGenerator, request_id
 from fleetserve.gateway.upstream import UpstreamPools
+from fleetserve.telemetry.tracing import IdGenerator, request_id
 
 PROXIED_PATHS = ("/v2", "/v2/{tail:.*}", "/inference")
 

@@ -25,7 +25,7 @@ from fleetserve.gateway.balancer import Balancer, RequestContext
 from fleetserve.gateway.config import GatewayConfig
 from fleetserve.gateway.endpoint import Endpoint
 from fleetserve.gateway.metrics import NO_BACKEND, GatewayMetrics
-from fleetserve.gateway.tracing import IdGenerator, next_hop, parse_traceparent, request_id
+from fleetserve.telemetry.tracing import IdGenerator, next_hop, parse_traceparent, request_id
 
 SERVICE_PREFIX = "/inference.GRPCInferenceService/"
 STREAM_METHODS = frozenset({SERVICE_PREFIX + "ModelStreamInfer"})

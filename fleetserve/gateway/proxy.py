@@ -38,7 +38,6 @@ from fleetserve.gateway.endpoint import Endpoint
 from fleetserve.gateway.guards import EdgeGuards
 from fleetserve.gateway.health import Probe
 from fleetserve.gateway.metrics import NO_BACKEND, GatewayMetrics
-from fleetserve.gateway.tracing import IdGenerator, next_hop, parse_traceparent, request_id
 from fleetserve.gateway.upstream import (
     ConnectError,
     PoolExhausted,
@@ -48,6 +47,7 @@ from fleetserve.gateway.upstream import (
     UpstreamTimeout,
 )
 from fleetserve.telemetry import logs
+from fleetserve.telemetry.tracing import IdGenerator, next_hop, parse_traceparent, request_id
 
 TIMEOUT_HEADER = "X-Fleetserve-Timeout-Ms"
 REQUEST_ID_HEADER = "X-Request-ID"

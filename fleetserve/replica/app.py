@@ -15,13 +15,13 @@ from collections.abc import Awaitable, Callable, Mapping
 from aiohttp import web
 
 from fleetserve.batching.worker import Batcher
-from fleetserve.gateway.tracing import IdGenerator, parse_traceparent
 from fleetserve.replica.codec import CodecLimits
 from fleetserve.replica.kserve_http import add_kserve_routes
 from fleetserve.replica.model import ModelRepository
 from fleetserve.replica.text import TextService, add_text_route
 from fleetserve.telemetry.logs import trace_id_var
 from fleetserve.telemetry.metrics import ReplicaMetrics
+from fleetserve.telemetry.tracing import IdGenerator, parse_traceparent
 
 log = logging.getLogger(__name__)
 Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]

@@ -10,7 +10,7 @@ from collections.abc import Awaitable, Callable
 import aiohttp
 
 from fleetserve.gateway.balancer import BalancerConfig
-from fleetserve.gateway.tracing import parse_traceparent
+from fleetserve.telemetry.tracing import parse_traceparent
 from tests.gateway.conftest import FakeReplica, Handler, RawServer, StartGateway, read_request
 
 StartReplicas = Callable[[int], Awaitable[list[FakeReplica]]]

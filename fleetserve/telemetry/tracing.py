@@ -1,4 +1,4 @@
-"""W3C Trace Context (``traceparent``) and ``X-Request-ID`` handling for the proxy, one hop at a time.
+"""W3C Trace Context (``traceparent``) and ``X-Request-ID`` handling, one hop at a time (gateway and replicas).
 
 The gateway is one hop of a trace: it keeps the caller's trace id and sampling flag and gives the
 request a new parent id (its own span id) before forwarding, per https://www.w3.org/TR/trace-context/

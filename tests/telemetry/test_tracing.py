@@ -6,7 +6,7 @@ import random
 
 import pytest
 
-from fleetserve.gateway.tracing import IdGenerator, TraceParent, next_hop, parse_traceparent, request_id
+from fleetserve.telemetry.tracing import IdGenerator, TraceParent, next_hop, parse_traceparent, request_id
 
 VALID = "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01"
 
