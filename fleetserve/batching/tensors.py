@@ -127,6 +127,9 @@ class TensorLayout:
         target = self._dtypes[spec.name]
         if array.dtype.kind not in "biuf" or not np.can_cast(array.dtype, target, casting="same_kind"):
             raise InvalidInput(f"input {spec.name!r} has dtype {array.dtype}, which cannot be cast to {spec.datatype}")
+        if spec.value_limit is not None and array.size and (array.min() < 0 or array.max() >= spec.value_limit):
+            # An out-of-range index would fail the whole batch inside the engine, other requests with it.
+            raise InvalidInput(f"input {spec.name!r} has values outside 0..{spec.value_limit - 1}")
         if target.kind in "iu" and not np.can_cast(array.dtype, target, casting="safe"):
             # A narrowing integer cast must not silently wrap token ids around.
             cast = np.ascontiguousarray(array, dtype=target)

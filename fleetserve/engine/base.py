@@ -38,6 +38,8 @@ class TensorSpec:
     name: str
     datatype: str  # KServe v2 datatype: INT64, FP32, ...
     shape: tuple[int, ...]
+    # For integer index inputs (token ids): values must lie in [0, value_limit). None: unchecked.
+    value_limit: int | None = None
 
     def to_json(self) -> dict[str, object]:
         return {"name": self.name, "datatype": self.datatype, "shape": list(self.shape)}

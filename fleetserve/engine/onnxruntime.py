@@ -148,15 +148,39 @@ class OnnxRuntimeBackend:
         return OrtEngine(artifact_dir / "model.onnx", profile, threads=threads)
 
 
-def _specs(args: Sequence[ort.NodeArg]) -> list[TensorSpec]:
+def _specs(args: Sequence[ort.NodeArg], limits: dict[str, int] | None = None) -> list[TensorSpec]:
     return [
         TensorSpec(
             a.name,
             _ORT_TYPES.get(a.type, a.type),
             tuple(d if isinstance(d, int) else -1 for d in a.shape),
+            (limits or {}).get(a.name),
         )
         for a in args
     ]
+
+
+def index_limits(model_path: Path) -> dict[str, int]:
+    """Graph inputs used as Gather indices into a constant table (token and type ids), with the table's row
+    count: ids at or past it are bad input, to be refused before they reach a batch. Follows the Cast that
+    ONNX Runtime's fused EmbedLayerNormalization puts in front of its int32 ids."""
+    model = onnx.load(str(model_path), load_external_data=False)
+    source = {i.name: i.name for i in model.graph.input}
+    rows = {t.name: int(t.dims[0]) for t in model.graph.initializer if len(t.dims) >= 1}
+    pairs: list[tuple[str, str]] = []
+    for node in model.graph.node:
+        if node.op_type == "Cast" and node.input[0] in source:
+            source[node.output[0]] = source[node.input[0]]
+        elif node.op_type == "Gather" and len(node.input) == 2:
+            pairs.append((node.input[1], node.input[0]))
+        elif node.op_type == "EmbedLayerNormalization" and len(node.input) >= 5:
+            pairs += [(node.input[0], node.input[2]), (node.input[1], node.input[4])]
+    limits: dict[str, int] = {}
+    for ids, table in pairs:
+        if ids in source and table in rows:
+            name = source[ids]
+            limits[name] = min(limits.get(name, rows[table]), rows[table])
+    return limits
 
 
 class OrtInstance:
@@ -182,7 +206,7 @@ class OrtEngine:
         self._instances: list[OrtInstance] = []
         # The first session doubles as the metadata probe and as the first instance's session.
         self._first: ort.InferenceSession | None = self._session(self._threads())
-        self.inputs = _specs(self._first.get_inputs())
+        self.inputs = _specs(self._first.get_inputs(), index_limits(model_path))
         self.outputs = _specs(self._first.get_outputs())
 
     def _threads(self) -> int:

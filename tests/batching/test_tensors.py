@@ -143,3 +143,12 @@ def test_dummy_request_has_the_asked_shape() -> None:
     assert isinstance(request, Request)
     assert (request.rows, request.seq) == (4, 16)
     assert {a.shape for a in request.arrays.values()} == {(4, 16)}
+
+
+def test_index_inputs_outside_their_table_are_refused() -> None:
+    specs = [TensorSpec("input_ids", "INT64", (-1, -1), value_limit=100)]
+    layout = TensorLayout(specs, [TensorSpec("out", "FP32", (-1, 4))], max_batch=4, max_seq=8)
+    assert layout.validate({"input_ids": np.array([[0, 99]])}).rows == 1
+    for bad in ([[5, 100]], [[-1, 3]]):
+        with pytest.raises(InvalidInput, match=r"outside 0\.\.99"):
+            layout.validate({"input_ids": np.array(bad)})

@@ -87,6 +87,11 @@ def test_tritonclient_http_and_grpc_agree_with_inference_route(tiny) -> None:
         ("/v2/models/tiny/infer", b'{"inputs": [{"name": "input_ids", "datatype": "INT64", "shape": [1, 3], '
          b'"data": [1, 2]}]}', 400, ""),
         ("/v2/models/other/infer", b'{"inputs": []}', 404, "unknown model"),
+        # Token id past the vocabulary: refused before batching, so it cannot fail other requests' batch.
+        ("/v2/models/tiny/infer", b'{"inputs": [{"name": "input_ids", "datatype": "INT64", "shape": [1, 2], '
+         b'"data": [2, 99999]}, {"name": "attention_mask", "datatype": "INT64", "shape": [1, 2], "data": [1, 1]}, '
+         b'{"name": "token_type_ids", "datatype": "INT64", "shape": [1, 2], "data": [0, 0]}]}', 400,
+         "'input_ids' has values outside 0.."),
     ],
 )
 def test_bad_input_is_4xx_and_server_keeps_serving(tiny, path: str, body: bytes, status: int, needle: str) -> None:
