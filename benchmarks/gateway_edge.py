@@ -26,7 +26,6 @@ import contextlib
 import json
 import os
 import platform
-import socket
 import subprocess
 import sys
 import tempfile
@@ -46,6 +45,7 @@ from cryptography.hazmat.primitives import serialization
 from cryptography.hazmat.primitives.asymmetric import rsa
 
 from fleetserve.bench.loadgen import LoadConfig, run_load
+from fleetserve.deploy.local import free_port
 from fleetserve.gateway.edge import JwtConfig, KeySpec, build_middlewares
 from fleetserve.gateway.edge.keyset import KeySet
 from fleetserve.gateway.edge.tokens import TokenVerifier
@@ -73,12 +73,6 @@ def machine_cpu_s() -> float:
     """Busy CPU seconds of the whole machine since boot (every state but idle and iowait)."""
     ticks = [int(x) for x in Path("/proc/stat").read_text().split("\n", 1)[0].split()[1:]]
     return (sum(ticks[:8]) - ticks[3] - ticks[4]) / HZ
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 def wait_ready(url: str, proc: subprocess.Popen[bytes], timeout_s: float = 60.0) -> None:

@@ -36,7 +36,6 @@ import json
 import os
 import random
 import signal
-import socket
 import subprocess
 import sys
 import sysconfig
@@ -55,6 +54,7 @@ from replica_perf_analyzer import run_perf_analyzer
 from replica_report import label, progress, ratios, tables
 
 from fleetserve.bench.workloads import Payload, sentence, token_count
+from fleetserve.deploy.local import free_port
 from fleetserve.models.store import ModelStore
 
 HERE = Path(__file__).resolve().parent
@@ -76,12 +76,6 @@ def cpu_model() -> str:
         if line.startswith("model name"):
             return line.split(":", 1)[1].strip()
     return "unknown"
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 def http_get(url: str) -> tuple[int, bytes]:

@@ -22,6 +22,7 @@ import pytest
 from fleetserve.gateway.balancer import BalancerConfig
 from fleetserve.gateway.server import add_arguments, config_from_args, serve_gateway
 from tests.gateway.conftest import FakeReplica, StartGateway, gateway_config
+from tests.procs import free_port
 
 StartReplicas = Callable[[int], Awaitable[list[FakeReplica]]]
 
@@ -108,11 +109,6 @@ def test_cli_errors_name_the_problem(argv: tuple[str, ...], message: str) -> Non
         config_from_args(parse(*argv))
 
 
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        port: int = sock.getsockname()[1]
-    return port
 
 
 @pytest.fixture

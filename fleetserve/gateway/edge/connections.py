@@ -183,9 +183,13 @@ class GuardedTCPSite(web.BaseSite):
     """A TCP listener for a runner whose connections pass through a :class:`ConnectionGuard`.
 
     Use in place of ``web.TCPSite``: ``site = GuardedTCPSite(runner, host, port, limits, observer)``.
+    ``reuse_port`` binds with ``SO_REUSEPORT``, so worker processes can share one port (the kernel spreads
+    new connections across them).
     """
 
-    __slots__ = ("_bound_port", "_guard", "_host", "_limits", "_observer", "_port", "_reuse_address")
+    __slots__ = (
+        "_bound_port", "_guard", "_host", "_limits", "_observer", "_port", "_reuse_address", "_reuse_port",
+    )
 
     def __init__(
         self,
@@ -198,8 +202,10 @@ class GuardedTCPSite(web.BaseSite):
         ssl_context: SSLContext | None = None,
         backlog: int = 1024,
         reuse_address: bool | None = None,
+        reuse_port: bool | None = None,
     ) -> None:
         super().__init__(runner, ssl_context=ssl_context, backlog=backlog)
+        self._reuse_port = reuse_port
         self._host = host
         self._port = port
         self._bound_port: int | None = None
@@ -237,6 +243,7 @@ class GuardedTCPSite(web.BaseSite):
             ssl=self._ssl_context,
             backlog=self._backlog,
             reuse_address=self._reuse_address,
+            reuse_port=self._reuse_port,
         )
         self._server = listener
         if listener.sockets:
