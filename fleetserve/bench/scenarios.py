@@ -198,6 +198,3 @@ async def run_scenario(cfg: ScenarioConfig) -> ScenarioResult:
         stop_fleet.set()
         await fleet_task
 
-
-def write_results(results: list[ScenarioResult], path: Path) -> None:
-    path.write_text(json.dumps([{"row": r.row(), "report": r.report.to_json()} for r in results], indent=2))

@@ -73,13 +73,6 @@ class ShapeProfile:
     def key(self) -> str:
         return f"b{self.max_batch}-s{self.max_seq}-" + "_".join(map(str, self.seq_buckets))
 
-    def seq_bucket(self, length: int) -> int:
-        """Smallest bucket that holds ``length`` tokens."""
-        for b in self.seq_buckets:
-            if length <= b:
-                return b
-        raise ValueError(f"sequence length {length} exceeds the maximum {self.max_seq}")
-
 
 @dataclass(frozen=True)
 class BuildSpec:

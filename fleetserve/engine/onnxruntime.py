@@ -15,6 +15,7 @@ shape allocates once and later runs reuse that memory.
 
 from __future__ import annotations
 
+import json
 import logging
 import os
 from collections.abc import Mapping, Sequence
@@ -46,6 +47,7 @@ _ORT_TYPES = {
     "tensor(bool)": "BOOL",
     "tensor(string)": "BYTES",
 }
+INDEX_LIMITS = "index_limits.json"
 FUSED_OPS = ("EmbedLayerNormalization", "Attention", "MultiHeadAttention", "SkipLayerNormalization",
              "LayerNormalization", "BiasGelu", "FastGelu", "Gelu")
 
@@ -124,6 +126,8 @@ class OnnxRuntimeBackend:
         else:
             report.method = "graph fusion" if shape else "graph optimization"
             optimized.rename(target)
+        # Found once here, so loading the engine never parses the graph a second time.
+        (out_dir / INDEX_LIMITS).write_text(json.dumps(index_limits(target)))
         return report
 
     def _quantize(self, method: str, src: Path, dst: Path, spec: BuildSpec) -> str:
@@ -145,7 +149,10 @@ class OnnxRuntimeBackend:
         raise EngineError(f"unknown int8_method {method!r}; use dynamic or static")
 
     def load(self, artifact_dir: Path, profile: ShapeProfile, threads: int = 0) -> OrtEngine:
-        return OrtEngine(artifact_dir / "model.onnx", profile, threads=threads)
+        model, limits_file = artifact_dir / "model.onnx", artifact_dir / INDEX_LIMITS
+        # Artifacts built before the limits were stored: find them from the graph.
+        limits = json.loads(limits_file.read_text()) if limits_file.is_file() else index_limits(model)
+        return OrtEngine(model, profile, threads=threads, index_limits=limits)
 
 
 def _specs(args: Sequence[ort.NodeArg], limits: dict[str, int] | None = None) -> list[TensorSpec]:
@@ -199,14 +206,16 @@ class OrtEngine:
 
     device = "cpu"
 
-    def __init__(self, model_path: Path, profile: ShapeProfile, threads: int = 0) -> None:
+    def __init__(
+        self, model_path: Path, profile: ShapeProfile, threads: int = 0, index_limits: dict[str, int] | None = None
+    ) -> None:
         self.model_path = model_path
         self.profile = profile
         self.threads = threads
         self._instances: list[OrtInstance] = []
         # The first session doubles as the metadata probe and as the first instance's session.
         self._first: ort.InferenceSession | None = self._session(self._threads())
-        self.inputs = _specs(self._first.get_inputs(), index_limits(model_path))
+        self.inputs = _specs(self._first.get_inputs(), index_limits)
         self.outputs = _specs(self._first.get_outputs())
 
     def _threads(self) -> int:

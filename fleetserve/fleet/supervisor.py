@@ -16,7 +16,7 @@ import signal
 import sys
 import time
 import urllib.request
-from collections.abc import Callable, Sequence
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from fleetserve.errors import FleetserveError
@@ -211,6 +211,3 @@ class Supervisor:
                 w.cancel()
             await asyncio.gather(*watchers, return_exceptions=True)
 
-
-def pids(supervisor: Supervisor) -> Sequence[int]:
-    return [m.process.pid for m in supervisor.members if m.process is not None]

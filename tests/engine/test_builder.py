@@ -1,5 +1,6 @@
 from __future__ import annotations
 
+import json
 import shutil
 import threading
 import time
@@ -97,6 +98,9 @@ def test_minilm_fusions_and_int8_accuracy() -> None:
     assert isinstance(fusions, dict)
     for op in ("Attention", "SkipLayerNormalization", "BiasGelu", "EmbedLayerNormalization"):
         assert fusions.get(op, 0) >= 1, f"{op} fusion missing: {fusions}"
+    # Token-id bounds are read through the fused embedding's int32 casts, once, at build time.
+    limits = json.loads((fp32.entry.directory / "index_limits.json").read_text())
+    assert limits == {"input_ids": 30522, "token_type_ids": 2}
     int8 = build(EngineConfig(model="minilm", precision=Precision.INT8), quiet=True)
     acc = int8.report["accuracy"]
     assert isinstance(acc, dict) and acc["mean_cosine"] >= 0.99

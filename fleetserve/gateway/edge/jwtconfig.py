@@ -20,7 +20,6 @@ ASYMMETRIC_ALGORITHMS = (
     "RS256", "RS384", "RS512", "PS256", "PS384", "PS512", "ES256", "ES384", "ES512", "EdDSA",
 )  # fmt: skip
 SUPPORTED_ALGORITHMS = HMAC_ALGORITHMS + ASYMMETRIC_ALGORITHMS
-TIME_CLAIMS = ("exp", "nbf", "iat")
 
 KeySource = Literal["pem", "jwks_file", "jwks_url", "secret_file"]
 KEY_SOURCES: tuple[KeySource, ...] = ("pem", "jwks_file", "jwks_url", "secret_file")

@@ -29,12 +29,12 @@ class P2CPeakEwma(StatelessPolicy):
 
     def _cost(self, ep: Endpoint, rival: Endpoint, now: float) -> float:
         load = self._signals.load(ep)
-        if load.ewma.measured:
-            latency = load.ewma.estimate(now)
+        other = self._signals.load(rival).ewma
+        if load.ewma.measured or not other.measured:
+            cost = load.ewma_cost(now)
         else:
-            other = self._signals.load(rival).ewma
-            latency = other.estimate(now) if other.measured else load.ewma.estimate(now)
-        return latency * (load.pending + 1) / load.effective_weight(now)
+            cost = other.estimate(now) * (load.pending + 1)
+        return cost / load.effective_weight(now)
 
     def choose(self, candidates: Sequence[Endpoint], ctx: RequestContext) -> Endpoint:
         if len(candidates) == 1:
