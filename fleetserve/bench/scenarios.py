@@ -62,7 +62,8 @@ class ScenarioResult:
         r = self.report
         return {
             "fault": self.config.fault, "front": self.config.front,
-            "policy": self.config.policy if self.config.front == "fleetserve" else "",
+            "policy": " ".join((self.config.policy, *self.config.gateway_args))
+            if self.config.front == "fleetserve" else "",
             "ok_rps": r.achieved_rps, "errors": r.errors,
             "p50_ms": r.percentile(50) * 1e3, "p99_ms": r.percentile(99) * 1e3, "p999_ms": r.percentile(99.9) * 1e3,
             **self.events,

@@ -16,6 +16,7 @@ from dataclasses import dataclass, field, replace
 from fleetserve.gateway.balancer import BalancerConfig
 from fleetserve.gateway.edge.config import EdgeConfig
 from fleetserve.gateway.endpoint import Endpoint
+from fleetserve.gateway.hedge import HedgeConfig
 from fleetserve.gateway.upstream import PoolConfig
 
 DISCOVERY_KINDS = ("static", "file", "dns")
@@ -50,6 +51,7 @@ class GatewayConfig:
     upstream: PoolConfig = field(default_factory=PoolConfig)
     balancer: BalancerConfig = field(default_factory=BalancerConfig)
     edge: EdgeConfig = field(default_factory=EdgeConfig)
+    hedge: HedgeConfig = field(default_factory=HedgeConfig)
 
     def __post_init__(self) -> None:
         _port("port", self.port)

@@ -39,6 +39,11 @@ class GatewayMetrics:
         self.retry_budget_exhausted = Counter("fleetserve_gateway_retry_budget_exhausted",
                                               "Retries not made because the retry budget was spent",
                                               registry=r)
+        self.hedges = Counter("fleetserve_gateway_hedges", "Hedged second attempts, by which attempt "
+                              "answered first (won: the hedge, lost: the original)", ["outcome"], registry=r)
+        self.hedges_skipped = Counter("fleetserve_gateway_hedges_skipped", "Hedges due but not sent, by "
+                                      "reason (budget: hedge or retry budget spent; no_backend: no other "
+                                      "replica)", ["reason"], registry=r)
         self.inflight = Gauge("fleetserve_gateway_inflight_requests", "Client requests in progress",
                               registry=r)
         self.backends = Gauge("fleetserve_gateway_backends", "Backends per state", ["state"], registry=r)

@@ -13,6 +13,10 @@ work nobody waits for. The body was already read and bounded by the edge guards 
 JSON shape) before this handler runs. When no replica can take the request the answer is a quick
 503 with ``Retry-After``, never a hang.
 
+Inference calls are also *hedged* (:mod:`fleetserve.gateway.hedge`): when the first attempt is slower
+than the route's recent 95th-percentile latency, a copy goes to another replica within the hedge budget
+and the retry budget, the first answer wins and the slower attempt is cancelled (its connection closed).
+
 With a per-replica in-flight cap (``edge.shedding.replica_max_inflight``, Envoy's per-cluster
 ``max_requests`` circuit breaker), a replica at its cap is passed over for another; when every
 replica is at its cap the request is refused at once with 503 + ``Retry-After`` rather than queued,
@@ -25,8 +29,9 @@ from __future__ import annotations
 import asyncio
 import json
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Coroutine, Mapping
 from dataclasses import dataclass
+from typing import Any
 
 from aiohttp import web
 from multidict import CIMultiDict
@@ -37,6 +42,7 @@ from fleetserve.gateway.edge import IDENTITY_HEADERS, identity_headers
 from fleetserve.gateway.endpoint import Endpoint
 from fleetserve.gateway.guards import EdgeGuards
 from fleetserve.gateway.health import Probe
+from fleetserve.gateway.hedge import Hedger, race
 from fleetserve.gateway.metrics import NO_BACKEND, GatewayMetrics
 from fleetserve.gateway.upstream import (
     ConnectError,
@@ -79,6 +85,11 @@ class _Outcome:
     failure: str | None = None  # set when the gateway wrote this answer, not a replica
 
 
+def _answered(outcome: _Outcome) -> bool:
+    """An outcome to give the client (not a failure another replica might do better on)."""
+    return not outcome.retryable
+
+
 def _connection_tokens(headers: Mapping[str, str]) -> frozenset[str]:
     value = headers.get("Connection")
     if not value:
@@ -100,6 +111,7 @@ class Proxy:
         self._replica_limiter = guards.replica_limiter
         self._ids = ids if ids is not None else IdGenerator()
         self._clock = clock
+        self._hedger = Hedger(config.hedge)
 
     async def handle(self, request: web.Request) -> web.StreamResponse:
         metrics = self._metrics
@@ -171,6 +183,7 @@ class Proxy:
         tried: list[Endpoint] = []
         outcome: _Outcome | None = None
         saturated = False
+        hedge_delay = self._hedger.delay_s(ctx.method, ctx.path)
         for attempt in range(self._config.max_retries + 1):
             ep, saturated = self._pick(ctx, tried)
             if ep is None:
@@ -179,7 +192,7 @@ class Proxy:
                 if loop.time() >= deadline:
                     return self._deadline_passed(timeout_s, ctx.request_id)
                 if attempt == 0:
-                    outcome = await self._attempt(ep, ctx, target, headers, body, deadline)
+                    outcome = await self._try(ep, ctx, target, headers, body, deadline, tried, hedge_delay)
                 elif balancer.retry_budget.try_acquire():
                     self._metrics.retries.inc()
                     try:
@@ -190,8 +203,7 @@ class Proxy:
                     self._metrics.retry_budget_exhausted.inc()
                     break
             finally:
-                if self._replica_limiter is not None:
-                    self._replica_limiter.release(ep.url)
+                self._release_slot(ep)
             if outcome.response.status == 504 and loop.time() >= deadline:
                 return self._deadline_passed(timeout_s, ctx.request_id)
             if not outcome.retryable:
@@ -203,6 +215,55 @@ class Proxy:
             return _Outcome(self._no_replica(ctx.request_id, "no healthy replica is available"),
                             NO_BACKEND, retryable=False)
         return outcome
+
+    async def _try(self, ep: Endpoint, ctx: RequestContext, target: str, headers: list[tuple[str, str]],
+                   body: bytes, deadline: float, tried: list[Endpoint], hedge_delay: float | None) -> _Outcome:
+        """The first attempt, raced against a hedged copy on another replica if it is slower than
+        ``hedge_delay``; the first answer that is not a retryable failure wins and the other attempt is
+        cancelled. A hedge's replica joins ``tried``, so a retry after both failed goes elsewhere."""
+        first = self._attempt(ep, ctx, target, headers, body, deadline)
+        if hedge_delay is None:
+            return await first
+        hedge_ep: Endpoint | None = None
+
+        def start_hedge() -> Coroutine[Any, Any, _Outcome] | None:
+            nonlocal hedge_ep
+            hedge_ep = self._hedge_target(ctx, [*tried, ep], deadline)
+            if hedge_ep is None:
+                return None
+            tried.append(hedge_ep)
+            return self._attempt(hedge_ep, ctx, target, headers, body, deadline)
+
+        try:
+            outcome, from_hedge = await race(first, hedge_delay, start_hedge, _answered)
+        finally:
+            if hedge_ep is not None:
+                self._release_slot(hedge_ep)
+                self._balancer.retry_budget.release()
+        if hedge_ep is not None:
+            self._metrics.hedges.labels("won" if from_hedge else "lost").inc()
+        return outcome
+
+    def _hedge_target(self, ctx: RequestContext, exclude: list[Endpoint], deadline: float) -> Endpoint | None:
+        """Another replica for a hedge holding a retry-budget slot (and its in-flight slot when capped), or
+        None when no replica, hedge budget or retry budget is left."""
+        if asyncio.get_running_loop().time() >= deadline:
+            return None
+        ep, _ = self._pick(ctx, exclude)
+        if ep is None:
+            self._metrics.hedges_skipped.labels("no_backend").inc()
+            return None
+        budget = self._hedger.budget
+        if budget.available() and self._balancer.retry_budget.try_acquire():
+            budget.take()
+            return ep
+        self._release_slot(ep)
+        self._metrics.hedges_skipped.labels("budget").inc()
+        return None
+
+    def _release_slot(self, ep: Endpoint) -> None:
+        if self._replica_limiter is not None:
+            self._replica_limiter.release(ep.url)
 
     def _pick(self, ctx: RequestContext, tried: list[Endpoint]) -> tuple[Endpoint | None, bool]:
         """A replica outside ``tried`` holding one of its in-flight slots when capped (released by the
@@ -259,8 +320,10 @@ class Proxy:
             reply_headers = CIMultiDict((k, v) for k, v in reply.headers if k.lower() not in _DROP_RESPONSE)
             response = web.Response(status=status, body=reply.body, headers=reply_headers)
             outcome = _Outcome(response, ep.url, retryable=status == 503)
+            if status < 500:
+                self._hedger.observe(ctx.method, ctx.path, self._clock() - started)
         finally:
-            # Also when the client went away (cancelled): status None tells the balancer "no verdict".
+            # Also when the client went away or a hedge won (cancelled): status None says "no verdict".
             latency = self._clock() - started
             ticket.finish(status=status, connect_error=connect_error, latency_s=latency, headers=reply_headers)
             self._metrics.observe_attempt(ep.url, latency)

@@ -45,6 +45,7 @@ from fleetserve.gateway.grpc_proxy import GrpcProxy, start_grpc_server
 from fleetserve.gateway.guards import EdgeGuards, check_edge
 from fleetserve.gateway.health import run_health_checks
 from fleetserve.gateway.listen import guarded_site
+from fleetserve.gateway.hedge import HedgeConfig
 from fleetserve.gateway.metrics import GatewayMetrics
 from fleetserve.gateway.policies import DEFAULT_POLICY, policy_names
 from fleetserve.gateway.proxy import readiness_probe
@@ -283,4 +284,11 @@ def config_from_args(args: argparse.Namespace) -> GatewayConfig:
 def run(args: argparse.Namespace) -> int:
     config = config_from_args(args)
     check_edge(config.edge)
+    hdefault = HedgeConfig()
+    add("--hedge-percentile", type=float, default=hdefault.percentile,
+        help="hedge an inference call on another replica once it is slower than this percentile of the "
+             "route's recent latencies; 0 = never (default %(default)s)")
+    add("--hedge-max-extra-percent", type=float, default=hdefault.max_extra_percent,
+        help="hedges at most this share of requests (default %(default)s)")
     return run_gateway(config)
+        hedge=HedgeConfig(percentile=args.hedge_percentile, max_extra_percent=args.hedge_max_extra_percent),
