@@ -4,7 +4,7 @@ PY        := $(VENV)/bin/python
 PIP       := $(PY) -m pip --disable-pip-version-check -q
 STAMP     := $(VENV)/.installed
 # Debian packages the tests and benchmarks drive as real third-party peers.
-APT_PKGS  := nginx haproxy prometheus
+APT_PKGS  := nginx haproxy prometheus wrk
 PYTEST_ARGS ?=
 
 .PHONY: help setup system-deps test test-all demo bench lint clean

@@ -25,7 +25,9 @@ from fleetserve.gateway.proxy import REQUEST_ID_HEADER, Proxy
 from fleetserve.gateway.upstream import UpstreamPools
 from fleetserve.telemetry.tracing import IdGenerator, request_id
 
-PROXIED_PATHS = ("/v2", "/v2/{tail:.*}", "/inference")
+# The catch-all first: the router tries the resources indexed under "/v2" in this order, and nearly
+# every request is below /v2/.
+PROXIED_PATHS = ("/v2/{tail:.*}", "/v2", "/inference")
 
 
 def _json_errors(metrics: GatewayMetrics, ids: IdGenerator) -> Middleware:

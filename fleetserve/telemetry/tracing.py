@@ -70,20 +70,20 @@ class IdGenerator:
         # Seeded from the OS per process, so forked or spawned workers never share a sequence.
         self._rng = rng if rng is not None else random.Random(os.urandom(16))
 
-    def _hex(self, bits: int) -> str:
-        while True:
+    def _hex(self, bits: int, spec: str) -> str:
+        value = self._rng.getrandbits(bits)
+        while not value:  # all-zero ids are invalid
             value = self._rng.getrandbits(bits)
-            if value:  # all-zero ids are invalid
-                return f"{value:0{bits // 4}x}"
+        return format(value, spec)
 
     def trace_id(self) -> str:
-        return self._hex(128)
+        return self._hex(128, "032x")
 
     def span_id(self) -> str:
-        return self._hex(64)
+        return self._hex(64, "016x")
 
     def request_id(self) -> str:
-        return self._hex(128)
+        return self._hex(128, "032x")
 
 
 def next_hop(incoming: TraceParent | None, ids: IdGenerator) -> TraceParent:

@@ -2,10 +2,13 @@
 
 A deeply nested body (``[[[[...``) makes recursive parsers slow or overflow the stack, and a body of
 millions of tiny values (``[0,0,0,...``) costs far more memory parsed than its size on the wire;
-both are cheap to send. The scan needs no parser: ``bytes.count`` bounds both quantities at C speed,
-which settles ordinary bodies at once. Only when a bound might be exceeded are string literals
-blanked out (one regex pass, so brackets and commas inside strings do not count) and the depth
-computed as the running maximum of +1 per opening and -1 per closing bracket (numpy cumsum).
+both are cheap to send. The scan needs no parser: one C-speed pass keeps only the opening brackets,
+whose count bounds the depth, and every value but a bare scalar takes a byte of its own (an opening
+bracket or a comma), so a body shorter than the value limit cannot exceed it; ``bytes.count`` over
+the commas covers longer ones. That settles ordinary bodies at once (a 5 KB body in about 2 µs).
+Only when a bound might be exceeded are string literals blanked out (one regex pass, so brackets and
+commas inside strings do not count) and the depth computed as the running maximum of +1 per opening
+and -1 per closing bracket (numpy cumsum).
 Malformed JSON is not this module's concern: it passes here and fails in the parser downstream.
 """
 
@@ -19,6 +22,7 @@ import numpy as np
 # (the "unrolled loop" form, which a backtracking engine matches without nested repetition).
 _STRING = re.compile(rb'"[^"\\]*(?:\\.[^"\\]*)*"')
 _NOT_BRACKET = bytes(c for c in range(256) if c not in b"[]{}")
+_NOT_OPENING = bytes(c for c in range(256) if c not in b"[{")
 _DEPTH_STEP = np.zeros(256, dtype=np.int8)
 _DEPTH_STEP[list(b"[{")] = 1
 _DEPTH_STEP[list(b"]}")] = -1
@@ -44,9 +48,9 @@ def max_depth(structure: bytes) -> int:
 def check_json_bounds(body: bytes, depth_limit: int, element_limit: int) -> None:
     """Raise :class:`JsonLimitExceeded` if ``body`` nests deeper than ``depth_limit`` or holds more
     than ``element_limit`` values (containers, array items and object members)."""
-    opens = body.count(b"[") + body.count(b"{")
+    opens = len(body.translate(None, _NOT_OPENING))
     # Each comma adds one value to its container; every container is a value; +1 for a bare scalar.
-    if opens <= depth_limit and opens + body.count(b",") + 1 <= element_limit:
+    if opens <= depth_limit and (len(body) < element_limit or opens + body.count(b",") + 1 <= element_limit):
         return
     structure = _STRING.sub(b'""', body)
     opens = structure.count(b"[") + structure.count(b"{")

@@ -1,0 +1,334 @@
+"""Gateway CPU per proxied request at saturation: our gateway vs NGINX (and HAProxy) in front of one upstream.
+
+The issue's goal is a gateway CPU cost per request of at most ~62 µs (16k requests/s per core) with every
+routing, health, retry and metrics feature on, and at most 5× NGINX's. ``benchmarks/gateway.py`` measures
+front CPU at a low open-loop rate, where event-loop wake-ups dominate; this one saturates the front:
+
+- upstream: an NGINX answering ``POST /v2/models/tiny/infer`` with a fixed ~200-byte JSON 200 (``return``
+  discards the request body), plus ``/v2/health/ready`` for health checks. It is not what is measured and
+  costs a few µs per request;
+- fronts, one at a time: ``fleetserve gateway`` as a real process with its defaults (p2c-peak-ewma,
+  health checks, metrics, edge guards; ``--workers 1``), NGINX with the keep-alive upstream config that
+  ``fleetserve deploy nginx`` renders (one worker), optionally HAProxy (one thread);
+- load: ``wrk`` (closed loop, ``--connections`` in flight over keep-alive connections, one thread), posting
+  a ~5 KB KServe v2 JSON body for ``--duration`` seconds after ``--warmup`` seconds;
+- measured: the front's process-tree CPU time (user + system from /proc) over the measured window ÷
+  requests answered, requests/s, p50/p99 latency and non-2xx/socket errors. ``--repeat`` runs every front
+  that many times, interleaved, and reports medians.
+
+With two or more CPUs the front is pinned to the first one (``taskset``) and the load generator and upstream
+to the others, so the front can take a whole core and does not share it with them. NGINX fronts rarely
+saturate that way (wrk runs out of core first); their CPU per request is still the honest figure, if slightly
+pessimistic. ``--baseline DIR`` also measures the gateway from another source tree (``DIR/fleetserve``), for
+before/after comparisons in one run.
+
+Needs the Debian packages ``nginx`` and ``wrk`` (and ``haproxy`` for that front)::
+
+    apt-get install -y nginx wrk haproxy
+    .venv/bin/python benchmarks/gateway_cpu.py [--fronts fleetserve,nginx,haproxy] [--duration 10] [--repeat 3]
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import json
+import os
+import shutil
+import signal
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+import urllib.request
+from collections.abc import Iterator, Sequence
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+from fleetserve.bench.scenarios import tree_cpu_seconds
+from fleetserve.deploy.local import HaproxyProcess, NginxProcess, free_port
+
+INFER_PATH = "/v2/models/tiny/infer"
+REPLY = json.dumps({
+    "model_name": "tiny", "model_version": "1", "id": "bench",
+    "outputs": [{"name": "scores", "datatype": "FP32", "shape": [1, 4], "data": [0.125, -0.25, 0.5, 0.75]}],
+}, separators=(",", ":"))
+FRONTS = ("fleetserve", "nginx", "haproxy")
+_STOP_GRACE_S = 10.0
+
+_UPSTREAM_CONF = """\
+worker_processes 1;
+pid "{files}nginx.pid";
+error_log "{files}error.log" warn;
+events {{ worker_connections 4096; }}
+http {{
+    access_log off;
+    client_body_temp_path "{files}client_body_temp";
+    proxy_temp_path "{files}proxy_temp";
+    fastcgi_temp_path "{files}fastcgi_temp";
+    uwsgi_temp_path "{files}uwsgi_temp";
+    scgi_temp_path "{files}scgi_temp";
+    keepalive_timeout 65s;
+    keepalive_requests 1000000;
+    client_max_body_size 16m;
+    server {{
+        listen 127.0.0.1:{port} backlog=4096;
+        default_type application/json;
+        location = /healthz {{ return 200 "ok\\n"; }}
+        location = /v2/health/ready {{ return 200 '{{"ready":true}}'; }}
+        location = {path} {{ return 200 '{reply}'; }}
+    }}
+}}
+"""
+
+
+class UpstreamNginx(NginxProcess):
+    """NGINX as the stand-in replica: fixed answers, no proxying (reuses NginxProcess's start and stop)."""
+
+    def __init__(self) -> None:
+        # ProxyProcess validates a backend list; this server renders its own config and proxies nowhere.
+        super().__init__([("http://127.0.0.1:9", 1.0)], access_log=False)
+
+    def render(self, prefix: Path) -> str:
+        return _UPSTREAM_CONF.format(files=f"{prefix.resolve()}/", port=self.port, path=INFER_PATH, reply=REPLY)
+
+
+class _Pinned:
+    """Mixin: exec the proxy through ``taskset`` so it runs on the front's CPUs (same PID)."""
+
+    cpus: str | None = None
+
+    def argv(self, prefix: Path) -> list[str]:
+        argv: list[str] = super().argv(prefix)  # type: ignore[misc]
+        return argv if self.cpus is None else ["taskset", "-c", self.cpus, *argv]
+
+
+class PinnedNginx(_Pinned, NginxProcess):
+    pass
+
+
+class PinnedHaproxy(_Pinned, HaproxyProcess):
+    pass
+
+
+def request_body(target_bytes: int = 5000) -> bytes:
+    """A KServe v2 JSON infer request of about ``target_bytes`` (one INT64 row of token ids)."""
+    ids = [101, 102]
+    while True:
+        body = json.dumps({"inputs": [{"name": "input_ids", "shape": [1, len(ids)], "datatype": "INT64",
+                                       "data": ids}]}, separators=(",", ":")).encode()
+        if len(body) >= target_bytes:
+            return body
+        ids.insert(-1, 1000 + (len(ids) * 7919) % 29000)
+
+
+_WRK_SCRIPT = """\
+wrk.method = "POST"
+wrk.path = "{path}"
+wrk.headers["Content-Type"] = "application/json"
+wrk.body = [==[{body}]==]
+done = function(summary, latency, requests)
+  local e = summary.errors
+  io.write(string.format(
+    '\\nRESULT {{"requests":%d,"duration_us":%d,"p50_us":%d,"p99_us":%d,"socket_errors":%d,"status_errors":%d}}\\n',
+    summary.requests, summary.duration, latency:percentile(50), latency:percentile(99),
+    e.connect + e.read + e.write + e.timeout, e.status))
+end
+"""
+
+
+@dataclass
+class Run:
+    front: str
+    requests: int
+    rps: float
+    p50_ms: float
+    p99_ms: float
+    errors: int
+    cpu_s: float
+    cpu_us_per_req: float
+
+
+def wrk(url: str, script: Path, connections: int, duration_s: float) -> dict[str, float]:
+    """One bounded wrk run; its ``done`` hook prints a RESULT line of JSON."""
+    argv = ["wrk", "-t1", f"-c{connections}", f"-d{duration_s:g}s", "--timeout", "5s", "-s", str(script),
+            url + INFER_PATH]
+    out = subprocess.run(argv, capture_output=True, text=True, timeout=duration_s + 30, check=True).stdout
+    line = next((ln for ln in out.splitlines() if ln.startswith("RESULT ")), None)
+    if line is None:
+        raise RuntimeError(f"wrk printed no result:\n{out}")
+    result: dict[str, float] = json.loads(line.removeprefix("RESULT "))
+    return result
+
+
+def _get(url: str) -> tuple[int, bytes]:
+    with urllib.request.urlopen(url, timeout=1) as r:
+        return int(r.status), r.read()
+
+
+def _wait_healthy(url: str, proc: subprocess.Popen[bytes], log: Path, timeout_s: float = 20.0) -> None:
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        if proc.poll() is not None:
+            raise RuntimeError(f"gateway exited with {proc.returncode}:\n{log.read_text(errors='replace')}")
+        with contextlib.suppress(OSError, ValueError):
+            _, body = _get(f"{url}/gateway/backends")
+            if [b.get("state") for b in json.loads(body)["backends"]] == ["healthy"]:
+                return
+        time.sleep(0.1)
+    raise TimeoutError(f"gateway at {url} had no healthy backend within {timeout_s} s")
+
+
+@contextlib.contextmanager
+def gateway(upstream: str, cpus: str | None, source: Path | None,
+            extra: Sequence[str] = ()) -> Iterator[tuple[str, int]]:
+    """``fleetserve gateway`` with its default features and one worker (plus ``extra`` options); ``source``
+    replaces the package."""
+    port = free_port()
+    argv = [sys.executable, "-m", "fleetserve.cli", "gateway", "--backend", upstream, "--host", "127.0.0.1",
+            "--port", str(port), "--workers", "1", *extra]
+    if cpus is not None:
+        argv = ["taskset", "-c", cpus, *argv]
+    env = dict(os.environ)
+    if source is not None:
+        env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(source), env.get("PYTHONPATH")]))
+    with tempfile.TemporaryDirectory(prefix="fleetserve-gwcpu-") as tmp:
+        log = Path(tmp) / "gateway.log"
+        with log.open("wb") as out:
+            # cwd outside the repository: ``python -m`` would otherwise import the package from there.
+            proc = subprocess.Popen(argv, cwd=tmp, env=env, stdin=subprocess.DEVNULL, stdout=out,
+                                    stderr=subprocess.STDOUT, start_new_session=True)
+        try:
+            url = f"http://127.0.0.1:{port}"
+            _wait_healthy(url, proc, log)
+            yield url, proc.pid
+        finally:
+            if proc.poll() is None:
+                proc.send_signal(signal.SIGTERM)
+                try:
+                    proc.wait(_STOP_GRACE_S)
+                except subprocess.TimeoutExpired:
+                    proc.kill()
+                    proc.wait()
+
+
+@contextlib.contextmanager
+def front(name: str, upstream: str, cpus: str | None, args: argparse.Namespace) -> Iterator[tuple[str, int]]:
+    if name.startswith("fleetserve"):
+        source = args.baseline if name.endswith("@baseline") else None
+        with gateway(upstream, cpus, source, args.gateway_args.split()) as started:
+            yield started
+        return
+    proc: PinnedNginx | PinnedHaproxy
+    # Same upstream keep-alive settings as ``fleetserve deploy nginx|haproxy`` render; one worker/thread.
+    if name == "nginx":
+        proc = PinnedNginx([(upstream, 1.0)], access_log=False, workers=1)
+    else:
+        proc = PinnedHaproxy([(upstream, 1.0)], access_log=False, workers=1)
+    proc.cpus = cpus
+    with proc:
+        assert proc.pid is not None
+        yield proc.url, proc.pid
+
+
+def measure(name: str, upstream: str, args: argparse.Namespace, script: Path, cpus: str | None) -> Run:
+    with front(name, upstream, cpus, args) as (url, pid):
+        status, body = _post(url, request_body(args.body_bytes))
+        if status != 200 or json.loads(body) != json.loads(REPLY):
+            raise RuntimeError(f"{name} answered {status} {body[:200]!r}")
+        wrk(url, script, args.connections, args.warmup)
+        cpu0 = tree_cpu_seconds(pid)
+        result = wrk(url, script, args.connections, args.duration)
+        cpu = tree_cpu_seconds(pid) - cpu0
+    requests = int(result["requests"])
+    seconds = result["duration_us"] / 1e6
+    return Run(name, requests, requests / seconds, result["p50_us"] / 1000, result["p99_us"] / 1000,
+               int(result["socket_errors"] + result["status_errors"]), cpu, cpu / max(1, requests) * 1e6)
+
+
+def _post(url: str, body: bytes) -> tuple[int, bytes]:
+    req = urllib.request.Request(url + INFER_PATH, data=body, headers={"Content-Type": "application/json"})
+    with urllib.request.urlopen(req, timeout=5) as r:
+        return int(r.status), r.read()
+
+
+def median_runs(runs: Sequence[Run]) -> Run:
+    med = statistics.median
+    return Run(runs[0].front, int(med(r.requests for r in runs)), med(r.rps for r in runs),
+               med(r.p50_ms for r in runs), med(r.p99_ms for r in runs), sum(r.errors for r in runs),
+               med(r.cpu_s for r in runs), med(r.cpu_us_per_req for r in runs))
+
+
+def table(rows: Sequence[Run]) -> str:
+    nginx = next((r.cpu_us_per_req for r in rows if r.front == "nginx"), None)
+    lines = ["| front | req/s | p50 ms | p99 ms | errors | front CPU µs/req | cores busy | × NGINX CPU |",
+             "|---|---|---|---|---|---|---|---|"]
+    for r in rows:
+        ratio = f"{r.cpu_us_per_req / nginx:.1f}" if nginx else "—"
+        busy = r.cpu_us_per_req * r.rps / 1e6
+        lines.append(f"| {r.front} | {r.rps:.0f} | {r.p50_ms:.2f} | {r.p99_ms:.2f} | {r.errors} | "
+                     f"{r.cpu_us_per_req:.1f} | {busy:.2f} | {ratio} |")
+    return "\n".join(lines)
+
+
+def cpu_split() -> tuple[str | None, set[int] | None]:
+    """(front CPUs for taskset, the rest for this process and its children), or no pinning on one CPU."""
+    cpus = sorted(os.sched_getaffinity(0))
+    if len(cpus) < 2:
+        return None, None
+    return str(cpus[0]), set(cpus[1:])
+
+
+def main(args: argparse.Namespace) -> list[Run]:
+    if shutil.which("wrk") is None:
+        raise SystemExit("wrk is not installed (apt-get install -y wrk)")
+    fronts = [f.strip() for f in args.fronts.split(",") if f.strip()]
+    for name in fronts:
+        if name not in FRONTS:
+            raise SystemExit(f"unknown front {name!r}; choose from {', '.join(FRONTS)}")
+    if args.baseline is not None:
+        fronts.insert(1, "fleetserve@baseline")
+    front_cpus, rest = (None, None) if args.no_pin else cpu_split()
+    if rest is not None:
+        os.sched_setaffinity(0, rest)  # wrk and the upstream inherit this
+    body = request_body(args.body_bytes)
+    print(f"# gateway CPU at saturation — {os.cpu_count()} CPUs, front on CPU {front_cpus or 'any'}, "
+          f"{len(body)}-byte POST bodies, {args.connections} connections, {args.duration:g} s per run, "
+          f"{time.strftime('%Y-%m-%d %H:%M')}", flush=True)
+    runs: dict[str, list[Run]] = {name: [] for name in fronts}
+    with tempfile.TemporaryDirectory(prefix="fleetserve-gwcpu-") as tmp, UpstreamNginx() as upstream:
+        script = Path(tmp) / "post.lua"
+        script.write_text(_WRK_SCRIPT.format(path=INFER_PATH, body=body.decode()))
+        for round_ in range(args.repeat):
+            for name in fronts:
+                run = measure(name, upstream.url, args, script, front_cpus)
+                runs[name].append(run)
+                print(f"round {round_ + 1}: {name}: {run.rps:.0f} req/s, {run.cpu_us_per_req:.1f} µs CPU/req, "
+                      f"p50 {run.p50_ms:.2f} ms, p99 {run.p99_ms:.2f} ms, {run.errors} errors", flush=True)
+    summary = [median_runs(rs) for rs in runs.values()]
+    print((f"\nmedians of {args.repeat} runs\n" if args.repeat > 1 else "\n") + table(summary))
+    ours = next((r for r in summary if r.front == "fleetserve"), None)
+    if ours is not None:
+        print(f"\nfleetserve gateway: {ours.cpu_us_per_req:.1f} µs CPU/request = "
+              f"{1e6 / ours.cpu_us_per_req:,.0f} requests/s per core (goal >= 16,000)")
+    return summary
+
+
+if __name__ == "__main__":
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--fronts", default="fleetserve,nginx", help=f"comma list of {','.join(FRONTS)}")
+    ap.add_argument("--duration", type=float, default=10.0, help="measured seconds per run")
+    ap.add_argument("--warmup", type=float, default=2.0, help="unmeasured seconds of load before each run")
+    ap.add_argument("--connections", type=int, default=64, help="requests in flight (wrk connections)")
+    ap.add_argument("--body-bytes", type=int, default=5000, help="approximate POST body size")
+    ap.add_argument("--repeat", type=int, default=1, help="runs per front, interleaved; medians reported")
+    ap.add_argument("--baseline", type=Path, help="also measure the gateway of the source tree DIR/fleetserve")
+    ap.add_argument("--gateway-args", default="", help="extra gateway options, e.g. \"--policy round-robin\"")
+    ap.add_argument("--no-pin", action="store_true", help="do not pin the front to its own CPU")
+    ap.add_argument("--out", type=Path, help="write the summary rows as JSON here")
+    args = ap.parse_args()
+    rows = main(args)
+    if args.out is not None:
+        args.out.parent.mkdir(parents=True, exist_ok=True)
+        args.out.write_text(json.dumps([asdict(r) for r in rows], indent=2))
