@@ -85,8 +85,8 @@ def _build(config: EngineConfig, steps: tqdm, store: ModelStore) -> BuiltEngine:
     steps.set_description("export/resolve model")
     model = store.resolve(config.model)
     steps.update()
-    backend = get_backend(config.backend)
     precision = Precision(config.precision)
+    backend = get_backend(config.backend, precision, config.device)
     if not backend.supports(precision, config.device):
         raise EngineError(
             f"backend {backend.name} does not support {precision} on {config.device}; "

@@ -1,7 +1,10 @@
 """Backend registry: short name -> ``"module:Class"``, imported lazily so TensorRT and torch load only when chosen.
 
-``auto`` picks the first backend, in order of expected speed, whose module imports and whose ``available()``
-says the hardware it needs is present (the uvicorn pattern of import-string tables with fallback).
+``auto`` picks the first backend, in order of expected speed, whose module imports, whose ``available()``
+says the hardware it needs is present and, when a precision and device are given, which ``supports`` them
+(so a CPU build on a GPU machine gets ONNX Runtime, not the CUDA backend; when none does, the fastest
+present one, whose refusal names what it can run); the uvicorn pattern of
+import-string tables with fallback.
 """
 
 from __future__ import annotations
@@ -9,7 +12,7 @@ from __future__ import annotations
 import importlib
 from typing import Any
 
-from fleetserve.engine.base import Backend, EngineError
+from fleetserve.engine.base import Backend, EngineError, Precision
 
 BACKENDS: dict[str, str] = {
     "tensorrt": "fleetserve.engine.tensorrt:TensorRTBackend",
@@ -24,17 +27,22 @@ def _import_class(target: str) -> Any:
     return getattr(importlib.import_module(module), cls)
 
 
-def get_backend(name: str) -> Backend:
+def get_backend(name: str, precision: Precision | None = None, device: str | None = None) -> Backend:
     if name == "auto":
+        present: list[Backend] = []
         for candidate in AUTO_ORDER:
             try:
                 cls = _import_class(BACKENDS[candidate])
             except ImportError:
                 continue
             if cls.available():
-                backend: Backend = cls()
-                return backend
-        raise EngineError("no engine backend is available")
+                present.append(cls())
+        if not present:
+            raise EngineError("no engine backend is available")
+        if precision is None or device is None:
+            return present[0]
+        # None that can: the fastest one, whose "does not support ..." error then says what it can do.
+        return next((b for b in present if b.supports(precision, device)), present[0])
     if name not in BACKENDS:
         raise EngineError(f"unknown backend {name!r}; choose one of: auto, {', '.join(BACKENDS)}")
     try:
