@@ -80,6 +80,8 @@ async def main(args: argparse.Namespace) -> list[ScenarioResult]:
         result = await run_scenario(cfg)
         results.append(result)
         print(table([result], ("out_after_s", "back_after_s", "front_cpu_us_per_req")), flush=True)
+        if result.report.errors:
+            print(f"errors by type: {dict(result.report.errors_by_type)}", flush=True)
         return result
 
     if "overhead" in only:
@@ -115,7 +117,7 @@ async def main(args: argparse.Namespace) -> list[ScenarioResult]:
         print(f"default policy p99 = {dp99 / float(base):.2f}× all-healthy p99 (goal <= 1.5)")  # type: ignore[arg-type]
         for r in throttled:
             if r.config.front == "nginx-round-robin":
-                print(f"= {dp99 / float(r.row()['p99_ms']):.2f}× NGINX round-robin p99 (goal <= 0.33)")  # type: ignore[arg-type]
+                print(f"= {dp99 / float(r.row()['p99_ms']):.3f}× NGINX round-robin p99 (goal <= 0.33)")  # type: ignore[arg-type]
 
     if "crash" in only:
         crash = await run(fault="crash", rate=rate)

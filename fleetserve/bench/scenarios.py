@@ -66,6 +66,7 @@ class ScenarioResult:
             if self.config.front == "fleetserve" else "",
             "ok_rps": r.achieved_rps, "errors": r.errors,
             "p50_ms": r.percentile(50) * 1e3, "p99_ms": r.percentile(99) * 1e3, "p999_ms": r.percentile(99.9) * 1e3,
+            "error_types": dict(r.errors_by_type),
             **self.events,
         }
 

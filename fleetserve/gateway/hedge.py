@@ -15,9 +15,9 @@ Here:
   ``min_samples`` latencies are known: a cold gateway does not guess.
 - :class:`HedgeBudget` is a token bucket counted in requests, not time: each request deposits
   ``max_extra_percent / 100`` of a token, each hedge takes one, so hedges stay within that share of
-  traffic however the latency distribution shifts; ``burst`` bounds what a quiet spell saves up. The
-  proxy also takes a slot of the shared retry budget (Envoy's, a share of requests in flight) for each
-  hedge, so an overloaded fleet never gets extra copies on top of its retries.
+  traffic however the latency distribution shifts; ``burst`` bounds what a quiet spell saves up. Hedges
+  do not draw on the retry budget: retries are what keeps a crash from failing requests, and hedges
+  competing for the same few slots made some of them fail.
 - :func:`race` runs the first attempt in the caller's own task (no task, no ``asyncio.wait`` on the
   common path where no hedge is due: a timer is all it costs) and, once the delay passes, the hedge as
   a task beside it; a winning hedge interrupts the caller the way ``asyncio.timeout`` does, by

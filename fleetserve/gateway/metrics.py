@@ -42,7 +42,7 @@ class GatewayMetrics:
         self.hedges = Counter("fleetserve_gateway_hedges", "Hedged second attempts, by which attempt "
                               "answered first (won: the hedge, lost: the original)", ["outcome"], registry=r)
         self.hedges_skipped = Counter("fleetserve_gateway_hedges_skipped", "Hedges due but not sent, by "
-                                      "reason (budget: hedge or retry budget spent; no_backend: no other "
+                                      "reason (budget: hedge budget spent; no_backend: no other "
                                       "replica)", ["reason"], registry=r)
         self.inflight = Gauge("fleetserve_gateway_inflight_requests", "Client requests in progress",
                               registry=r)

@@ -3,9 +3,13 @@
 Retry rules, after Envoy's ``retry_on: connect-failure,reset,retriable-status-codes`` with a retry
 budget: a request is retried when the replica could not be connected to, closed the connection
 before any byte of its response, or answered 503 (overloaded); at most ``max_retries`` times, each
-time on a replica not tried yet, only while the balancer's retry budget allows and the deadline
-leaves time. Never after a response started to arrive (the pool returns only whole responses, so a
-broken one is a 502) and never on a 4xx, which is the client's to see unchanged.
+time on a replica not tried yet, while the deadline leaves time. A retry of a request some replica
+received (a reset, a 503) also needs the balancer's retry budget, which keeps retries from multiplying
+an overload; one that never reached a replica (connection refused, our pool to it full) did no work
+anywhere, so it is retried without the budget: that is what keeps a crashed replica from failing the
+requests routed to it before it is ejected. Never after a response started to arrive (the pool returns
+only whole responses, so a broken one is a 502) and never on a 4xx, which is the client's to see
+unchanged.
 
 The deadline (``X-Fleetserve-Timeout-Ms``, else the configured default) bounds forwarding, retries
 included (504 past it); what is left of it is forwarded in the same header so the replica can drop
@@ -14,8 +18,8 @@ JSON shape) before this handler runs. When no replica can take the request the a
 503 with ``Retry-After``, never a hang.
 
 Inference calls are also *hedged* (:mod:`fleetserve.gateway.hedge`): when the first attempt is slower
-than the route's recent 95th-percentile latency, a copy goes to another replica within the hedge budget
-and the retry budget, the first answer wins and the slower attempt is cancelled (its connection closed).
+than the route's recent 95th-percentile latency, a copy goes to another replica within the hedge budget,
+the first answer wins and the slower attempt is cancelled (its connection closed).
 
 With a per-replica in-flight cap (``edge.shedding.replica_max_inflight``, Envoy's per-cluster
 ``max_requests`` circuit breaker), a replica at its cap is passed over for another; when every
@@ -83,6 +87,7 @@ class _Outcome:
     backend: str
     retryable: bool  # nothing reached the client yet and another replica may do better
     failure: str | None = None  # set when the gateway wrote this answer, not a replica
+    sent: bool = True  # False: the request never reached a replica (no connection), so no work was done
 
 
 def _answered(outcome: _Outcome) -> bool:
@@ -184,21 +189,23 @@ class Proxy:
         outcome: _Outcome | None = None
         saturated = False
         hedge_delay = self._hedger.delay_s(ctx.method, ctx.path)
-        for attempt in range(self._config.max_retries + 1):
+        for _ in range(self._config.max_retries + 1):
             ep, saturated = self._pick(ctx, tried)
             if ep is None:
                 break
             try:
                 if loop.time() >= deadline:
                     return self._deadline_passed(timeout_s, ctx.request_id)
-                if attempt == 0:
+                if outcome is None:
                     outcome = await self._try(ep, ctx, target, headers, body, deadline, tried, hedge_delay)
-                elif balancer.retry_budget.try_acquire():
+                elif not outcome.sent or balancer.retry_budget.try_acquire():
+                    budgeted = outcome.sent
                     self._metrics.retries.inc()
                     try:
                         outcome = await self._attempt(ep, ctx, target, headers, body, deadline)
                     finally:
-                        balancer.retry_budget.release()
+                        if budgeted:
+                            balancer.retry_budget.release()
                 else:
                     self._metrics.retry_budget_exhausted.inc()
                     break
@@ -239,14 +246,13 @@ class Proxy:
         finally:
             if hedge_ep is not None:
                 self._release_slot(hedge_ep)
-                self._balancer.retry_budget.release()
         if hedge_ep is not None:
             self._metrics.hedges.labels("won" if from_hedge else "lost").inc()
         return outcome
 
     def _hedge_target(self, ctx: RequestContext, exclude: list[Endpoint], deadline: float) -> Endpoint | None:
-        """Another replica for a hedge holding a retry-budget slot (and its in-flight slot when capped), or
-        None when no replica, hedge budget or retry budget is left."""
+        """Another replica for a hedge, holding its in-flight slot when capped; None when no replica or no
+        hedge budget is left."""
         if asyncio.get_running_loop().time() >= deadline:
             return None
         ep, _ = self._pick(ctx, exclude)
@@ -254,7 +260,7 @@ class Proxy:
             self._metrics.hedges_skipped.labels("no_backend").inc()
             return None
         budget = self._hedger.budget
-        if budget.available() and self._balancer.retry_budget.try_acquire():
+        if budget.available():
             budget.take()
             return ep
         self._release_slot(ep)
@@ -301,12 +307,12 @@ class Proxy:
             reply = await self._upstreams.get(ep.url).request(ctx.method, target, sent, body, timeout_s=remaining)
         except ConnectError as exc:  # before UpstreamTimeout: a connect timeout sent nothing
             connect_error = True
-            outcome = _Outcome(error_response(502, str(exc), rid), ep.url, True, str(exc))
+            outcome = _Outcome(error_response(502, str(exc), rid), ep.url, True, str(exc), sent=False)
         except ResetBeforeResponse as exc:
             status = 502
             outcome = _Outcome(error_response(502, str(exc), rid), ep.url, True, str(exc))
         except PoolExhausted as exc:  # our side is saturated, not the replica: no verdict on it
-            outcome = _Outcome(error_response(503, str(exc), rid), ep.url, True, str(exc))
+            outcome = _Outcome(error_response(503, str(exc), rid), ep.url, True, str(exc), sent=False)
         except UpstreamTimeout as exc:
             status = 504
             outcome = _Outcome(error_response(504, str(exc), rid), ep.url, False, str(exc))

@@ -122,6 +122,18 @@ async def test_retry_budget_exhausted_returns_the_first_answer(replicas: StartRe
     assert gw.metrics.retry_budget_exhausted._value.get() == 1
 
 
+async def test_a_refused_connection_is_retried_even_without_retry_budget(
+        replicas: StartReplicas, gateway: StartGateway, client: aiohttp.ClientSession) -> None:
+    dead, alive = await replicas(2)
+    budget = BalancerConfig(policy="round-robin", retry_budget_percent=0.0, retry_min_concurrency=0)
+    gw = await gateway([dead.url, alive.url], balancer=budget)
+    await dead.stop()  # connections refused: the request reached no replica, so retrying costs none
+    statuses = [(await infer(client, gw.url))[0] for _ in range(4)]
+    assert statuses == [200] * 4
+    assert gw.metrics.retries._value.get() >= 1
+    assert gw.metrics.retry_budget_exhausted._value.get() == 0
+
+
 async def test_response_broken_midway_is_a_502_and_never_retried(raw_server: StartRaw, replicas: StartReplicas,
                                                                  gateway: StartGateway,
                                                                  client: aiohttp.ClientSession) -> None:

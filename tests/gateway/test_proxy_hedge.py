@@ -74,16 +74,17 @@ async def test_no_hedge_without_budget(replicas: StartReplicas, gateway: StartGa
     assert fast.hits == fast_hits  # no copy was sent
 
 
-async def test_no_hedge_when_the_retry_budget_is_spent(replicas: StartReplicas, gateway: StartGateway,
-                                                       client: aiohttp.ClientSession) -> None:
+async def test_hedges_leave_the_retry_budget_to_retries(replicas: StartReplicas, gateway: StartGateway,
+                                                         client: aiohttp.ClientSession) -> None:
     slow, fast = await replicas(2)
     no_retries = BalancerConfig(policy="round-robin", retry_budget_percent=0.0, retry_min_concurrency=0)
     gw = await gateway([slow.url, fast.url], balancer=no_retries, hedge=EAGER)
     await warm_up(client, gw.url, slow)
-    slow.delay_s = 0.3
+    slow.delay_s = 5.0
     status, body, _ = await infer(client, gw.url)
-    assert (status, body["replica"]) == (200, slow.name)
-    assert counter(gw, "hedges_skipped", "budget") == 1
+    assert (status, body["replica"]) == (200, fast.name)
+    assert counter(gw, "hedges", "won") == 1
+    assert gw.balancer.retry_budget.active_retries == 0
 
 
 async def test_a_failed_hedge_leaves_the_first_attempt_to_answer(replicas: StartReplicas, gateway: StartGateway,
