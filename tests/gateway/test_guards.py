@@ -24,7 +24,7 @@ INFER = "/v2/models/m/infer"
 def test_defaults_are_the_input_limits_only() -> None:
     registry = CollectorRegistry()
     guards = EdgeGuards.create(EdgeConfig(), registry)
-    assert [type(m).__name__ for m in guards.middlewares] == ["HeadLimits", "StripIdentityHeaders", "BodyLimits"]
+    assert [type(m).__name__ for m in guards.middlewares] == ["HeadLimits", "BodyLimits"]
     assert guards.replica_limiter is None
     assert registry.get_sample_value("fleetserve_gateway_rejected_total", {"reason": "overloaded"}) == 0.0
     assert registry.get_sample_value(RATELIMIT_ENTRIES, {"prefix": "/", "key": "ip"}) is None

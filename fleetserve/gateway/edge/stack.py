@@ -4,14 +4,15 @@ Order matters and is fixed here, outermost first (each layer only sees what the 
 through, so cheap refusals come first and the expensive body read last):
 
 1. ``head_limits`` — oversized heads and declared bodies, before anything else runs;
-2. ``identity`` — strip client-sent identity headers (always on);
+2. ``identity`` — strip client-sent identity headers, with auth (without it nothing in the gateway has
+   an identity to trust, and the proxy drops such headers on the way to replicas regardless);
 3. ``shedding`` — refuse beyond the in-flight cap before spending work on auth;
 4. ``auth`` — verify the bearer token, check route scopes, record the identity;
 5. ``rate_limit`` — per client (IP, or the identity auth just recorded);
 6. ``body_limits`` — read and bound the body, only for requests everyone else admitted.
 
-A layer's builder returns ``None`` when its section is absent (``head_limits``, ``identity`` and
-``body_limits`` never do). The auth layer imports PyJWT and cryptography only when configured.
+A layer's builder returns ``None`` when its section is absent (``head_limits`` and ``body_limits``
+never do). The auth layer imports PyJWT and cryptography only when configured.
 """
 
 from __future__ import annotations
@@ -48,7 +49,7 @@ def _head_limits(ctx: BuildContext) -> Middleware | None:
 
 
 def _identity(ctx: BuildContext) -> Middleware | None:
-    return StripIdentityHeaders()
+    return None if ctx.config.jwt is None else StripIdentityHeaders()
 
 
 def _shedding(ctx: BuildContext) -> Middleware | None:

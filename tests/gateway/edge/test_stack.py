@@ -44,9 +44,9 @@ def _full(tmp_path: Path, keys: dict[str, SigningKey]) -> EdgeConfig:
     )
 
 
-def test_only_input_limits_and_identity_stripping_are_on_by_default() -> None:
+def test_only_input_limits_are_on_by_default() -> None:
     middlewares = build_middlewares(EdgeConfig())
-    assert [type(m) for m in middlewares] == [HeadLimits, StripIdentityHeaders, BodyLimits]
+    assert [type(m) for m in middlewares] == [HeadLimits, BodyLimits]
     assert [name for name, _ in LAYERS] == [
         "head_limits", "identity", "shedding", "auth", "rate_limit", "body_limits",
     ]  # fmt: skip
