@@ -7,9 +7,8 @@ gateway (each policy), NGINX or HAProxy from Debian packages, or nothing (direct
 1. overhead: one replica; direct vs fleetserve gateway vs NGINX vs HAProxy; added p50/p99 and front CPU
    per request (all routing, health checking, retry and metrics features on in our gateway).
 2. throttled: four replicas, replica 0 SIGSTOPped 80 ms of every 100 ms while still passing health checks
-   (the seed's overheating GPU), load at ~60% of fleet capacity: every policy (hedging on, the default),
-   the default policy with hedging off, NGINX round-robin and least_conn, HAProxy leastconn, against the
-   all-healthy p99.
+   (the seed's overheating GPU), load at ~60% of fleet capacity: every policy, the default policy with
+   hedging on (p99), NGINX round-robin and least_conn, HAProxy leastconn, against the all-healthy p99.
 3. crash: SIGKILL replica 0 under load; errors, time until the gateway stops routing to it, time until the
    restarted replica is back in rotation.
 4. rolling: SIGTERM every replica in turn under load; errors.
@@ -107,7 +106,7 @@ async def main(args: argparse.Namespace) -> list[ScenarioResult]:
     if "throttled" in only:
         healthy = await run(fault="none", rate=rate)
         throttled = [await run(fault="throttle", policy=p, rate=rate) for p in policy_names()]
-        throttled.append(await run(fault="throttle", rate=rate, gateway_args=("--hedge-percentile", "0")))
+        throttled.append(await run(fault="throttle", rate=rate, gateway_args=("--hedge-percentile", "99")))
         throttled += [await run(fault="throttle", front=f, rate=rate)
                       for f in ("nginx-round-robin", "nginx-least-conn", "haproxy-leastconn") if installed(f)]
         print("\n### throttled replica (80 ms of every 100 ms stopped)\n" + table([healthy, *throttled]))

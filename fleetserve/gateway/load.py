@@ -215,6 +215,13 @@ class EndpointLoad:
         """Peak-EWMA cost: estimated latency × (pending + 1), in seconds of queued work."""
         return self.ewma.estimate(now) * (self.pending + 1)
 
+    def outpaced(self, latency_s: float, now: float) -> None:
+        """A hedged copy on another replica answered while this one, asked ``latency_s`` ago, had not: its
+        attempt was cancelled, so no real latency will ever arrive. Count it like a failure in the
+        estimate (at least double), or the balancer would learn only the cancelled attempt's lower bound
+        and keep sending traffic into the stall the hedge just escaped. Outlier ejection never sees it."""
+        self.ewma.observe_failure(latency_s, now)
+
     def unreported_pending(self) -> int:
         """Requests in flight that the last report cannot contain (sent after it was taken)."""
         return min(self.sent_since_report, self.pending)

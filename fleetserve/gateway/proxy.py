@@ -17,8 +17,8 @@ work nobody waits for. The body was already read and bounded by the edge guards 
 JSON shape) before this handler runs. When no replica can take the request the answer is a quick
 503 with ``Retry-After``, never a hang.
 
-Inference calls are also *hedged* (:mod:`fleetserve.gateway.hedge`): when the first attempt is slower
-than the route's recent 95th-percentile latency, a copy goes to another replica within the hedge budget,
+With hedging on (:mod:`fleetserve.gateway.hedge`, opt-in), an inference call whose first attempt is slower
+than the route's recent latency percentile gets a copy on another replica within the hedge budget,
 the first answer wins and the slower attempt is cancelled (its connection closed).
 
 With a per-replica in-flight cap (``edge.shedding.replica_max_inflight``, Envoy's per-cluster
@@ -31,6 +31,7 @@ so admitted requests keep their latency. Verified caller identity (``X-Fleetserv
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import time
 from collections.abc import Callable, Coroutine, Mapping
@@ -232,6 +233,7 @@ class Proxy:
         if hedge_delay is None:
             return await first
         hedge_ep: Endpoint | None = None
+        sent_at = self._clock()
 
         def start_hedge() -> Coroutine[Any, Any, _Outcome] | None:
             nonlocal hedge_ep
@@ -248,7 +250,14 @@ class Proxy:
                 self._release_slot(hedge_ep)
         if hedge_ep is not None:
             self._metrics.hedges.labels("won" if from_hedge else "lost").inc()
+        if from_hedge:
+            self._outpaced(ep, sent_at)
         return outcome
+
+    def _outpaced(self, ep: Endpoint, sent_at: float) -> None:
+        now = self._clock()
+        with contextlib.suppress(KeyError):  # KeyError: removed by discovery meanwhile
+            self._balancer.load(ep).outpaced(now - sent_at, now)
 
     def _hedge_target(self, ctx: RequestContext, exclude: list[Endpoint], deadline: float) -> Endpoint | None:
         """Another replica for a hedge, holding its in-flight slot when capped; None when no replica or no

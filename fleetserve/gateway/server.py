@@ -287,7 +287,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     hdefault = HedgeConfig()
     add("--hedge-percentile", type=float, default=hdefault.percentile,
         help="hedge an inference call on another replica once it is slower than this percentile of the "
-             "route's recent latencies; 0 = never (default %(default)s)")
+             "route's recent latencies, e.g. 99; 0 = never (default %(default)s)")
     add("--hedge-max-extra-percent", type=float, default=hdefault.max_extra_percent,
         help="hedges at most this share of requests (default %(default)s)")
     add_edge_arguments(parser)

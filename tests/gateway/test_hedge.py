@@ -77,7 +77,7 @@ def test_budget_saves_up_at_most_burst() -> None:
 
 
 def test_hedger_delay_follows_the_route_and_respects_the_floor() -> None:
-    hedger = Hedger(HedgeConfig(min_samples=10, window=16, min_delay_ms=5))
+    hedger = Hedger(HedgeConfig(percentile=95, min_samples=10, window=16, min_delay_ms=5))
     assert hedger.delay_s("POST", INFER) is None  # nothing known yet
     for _ in range(10):
         hedger.observe("POST", INFER, 0.001)
@@ -90,10 +90,14 @@ def test_hedger_delay_follows_the_route_and_respects_the_floor() -> None:
 
 
 def test_hedger_bounds_the_number_of_windows() -> None:
-    hedger = Hedger(HedgeConfig(min_samples=1, window=8))
+    hedger = Hedger(HedgeConfig(percentile=99, min_samples=1, window=8))
     for i in range(500):
         hedger.observe("POST", f"/v2/models/m{i}/infer", 0.01)
     assert len(hedger._windows) <= 65
+
+
+def test_hedging_is_off_unless_asked_for() -> None:
+    assert not HedgeConfig().enabled
 
 
 def test_percentile_zero_turns_hedging_off() -> None:

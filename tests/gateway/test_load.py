@@ -119,3 +119,12 @@ def test_admitted_restarts_the_ramp_and_forgets_latency() -> None:
     assert load.effective_weight(100.0) == pytest.approx(0.1)
     load.ewma.observe(0.01, now=100.0)
     assert load.ewma.estimate(100.0) == pytest.approx(0.01)
+
+
+def test_outpaced_by_a_hedge_counts_like_a_failure_in_the_estimate() -> None:
+    load = EndpointLoad(1, LoadConfig(), SlowStartConfig(), now=0.0)
+    load.ewma.observe(0.005, now=0.0)
+    load.outpaced(0.020, now=0.0)  # the hedge answered 20 ms in; this replica still had not
+    assert load.ewma.estimate(0.0) == pytest.approx(0.020)
+    load.outpaced(0.020, now=0.0)
+    assert load.ewma.estimate(0.0) == pytest.approx(0.040)  # again: at least double
