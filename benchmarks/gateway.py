@@ -12,8 +12,10 @@ gateway (each policy), NGINX or HAProxy from Debian packages, or nothing (direct
 3. crash: SIGKILL replica 0 under load; errors, time until the gateway stops routing to it, time until the
    restarted replica is back in rotation.
 4. rolling: SIGTERM every replica in turn under load; errors.
+5. hedging (only when asked for, ``--only hedging``): the throttled scenario with the default policy and
+   hedging at p95, at p99 and off, interleaved ``--repeat`` times, against one all-healthy run.
 
-    .venv/bin/python benchmarks/gateway.py [--only overhead,throttled,crash,rolling] [--duration 30]
+    .venv/bin/python benchmarks/gateway.py [--only overhead,throttled,crash,rolling,hedging] [--duration 30]
 """
 
 from __future__ import annotations
@@ -31,6 +33,7 @@ from fleetserve.deploy.local import ProxyUnavailable, find_binary
 from fleetserve.gateway.policies import policy_names
 
 ALL = ("overhead", "throttled", "crash", "rolling")
+EXTRA = ("hedging",)
 
 
 def cpu_model() -> str:
@@ -97,7 +100,7 @@ async def main(args: argparse.Namespace) -> list[ScenarioResult]:
             print(f"gateway CPU per request = {cpu['fleetserve'] / cpu['nginx-round-robin']:.1f}× NGINX's")
 
     rate = args.rate
-    if rate is None and ({"throttled", "crash", "rolling"} & set(only)):
+    if rate is None and ({"throttled", "crash", "rolling", "hedging"} & set(only)):
         probe = await run_scenario(ScenarioConfig(concurrency=32, rate=None, duration_s=8))
         rate = round(0.6 * probe.report.achieved_rps)
         print(f"fleet capacity (closed loop, 32 in flight, via gateway): {probe.report.achieved_rps:.0f} req/s "
@@ -118,6 +121,13 @@ async def main(args: argparse.Namespace) -> list[ScenarioResult]:
             if r.config.front == "nginx-round-robin":
                 print(f"= {dp99 / float(r.row()['p99_ms']):.3f}× NGINX round-robin p99 (goal <= 0.33)")  # type: ignore[arg-type]
 
+    if "hedging" in only:
+        runs = [await run(fault="none", rate=rate)]
+        for _ in range(args.repeat):
+            runs += [await run(fault="throttle", rate=rate, gateway_args=("--hedge-percentile", p))
+                     for p in ("95", "99", "0")]
+        print("\n### hedging on the throttled replica\n" + table(runs))
+
     if "crash" in only:
         crash = await run(fault="crash", rate=rate)
         print("\n### crash (SIGKILL replica 0)\n" + table([crash], ("out_after_s", "back_after_s", "restarts")))
@@ -129,7 +139,8 @@ async def main(args: argparse.Namespace) -> list[ScenarioResult]:
 
 if __name__ == "__main__":
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--only", help=f"comma list of {','.join(ALL)}")
+    ap.add_argument("--only", help=f"comma list of {','.join(ALL + EXTRA)} (default: {','.join(ALL)})")
+    ap.add_argument("--repeat", type=int, default=2, help="rounds of the hedging comparison")
     ap.add_argument("--duration", type=float, default=30.0, help="measured seconds per run")
     ap.add_argument("--rate", type=float, help="scenario load (default: 60%% of measured fleet capacity)")
     ap.add_argument("--overhead-rate", type=float, default=500.0)
