@@ -9,7 +9,8 @@ front CPU at a low open-loop rate, where event-loop wake-ups dominate; this one 
   costs a few µs per request;
 - fronts, one at a time: ``fleetserve gateway`` as a real process with its defaults (p2c-peak-ewma,
   health checks, metrics, edge guards; ``--workers 1``), NGINX with the keep-alive upstream config that
-  ``fleetserve deploy nginx`` renders (one worker), optionally HAProxy (one thread);
+  ``fleetserve deploy nginx`` renders (one worker), optionally HAProxy (one thread) and ``bare``
+  (``benchmarks/bare_proxy.py``: aiohttp plus our httptools pool and nothing else, the floor of this stack);
 - load: ``wrk`` (closed loop, ``--connections`` in flight over keep-alive connections, one thread), posting
   a ~5 KB KServe v2 JSON body for ``--duration`` seconds after ``--warmup`` seconds;
 - measured: the front's process-tree CPU time (user + system from /proc) over the measured window ÷
@@ -42,7 +43,7 @@ import sys
 import tempfile
 import time
 import urllib.request
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
@@ -54,7 +55,7 @@ REPLY = json.dumps({
     "model_name": "tiny", "model_version": "1", "id": "bench",
     "outputs": [{"name": "scores", "datatype": "FP32", "shape": [1, 4], "data": [0.125, -0.25, 0.5, 0.75]}],
 }, separators=(",", ":"))
-FRONTS = ("fleetserve", "nginx", "haproxy")
+FRONTS = ("fleetserve", "nginx", "haproxy", "bare")
 _STOP_GRACE_S = 10.0
 
 _UPSTREAM_CONF = """\
@@ -167,27 +168,42 @@ def _get(url: str) -> tuple[int, bytes]:
         return int(r.status), r.read()
 
 
-def _wait_healthy(url: str, proc: subprocess.Popen[bytes], log: Path, timeout_s: float = 20.0) -> None:
+def _gateway_ready(url: str) -> bool:
+    _, body = _get(f"{url}/gateway/backends")
+    return [b.get("state") for b in json.loads(body)["backends"]] == ["healthy"]
+
+
+def _proxy_ready(url: str) -> bool:
+    return _get(f"{url}/v2/health/ready")[0] == 200
+
+
+def _wait_ready(url: str, ready: Callable[[str], bool], proc: subprocess.Popen[bytes], log: Path,
+                timeout_s: float = 20.0) -> None:
     deadline = time.monotonic() + timeout_s
     while time.monotonic() < deadline:
         if proc.poll() is not None:
-            raise RuntimeError(f"gateway exited with {proc.returncode}:\n{log.read_text(errors='replace')}")
+            raise RuntimeError(f"front exited with {proc.returncode}:\n{log.read_text(errors='replace')}")
         with contextlib.suppress(OSError, ValueError):
-            _, body = _get(f"{url}/gateway/backends")
-            if [b.get("state") for b in json.loads(body)["backends"]] == ["healthy"]:
+            if ready(url):
                 return
         time.sleep(0.1)
-    raise TimeoutError(f"gateway at {url} had no healthy backend within {timeout_s} s")
+    raise TimeoutError(f"front at {url} was not ready within {timeout_s} s")
 
 
 @contextlib.contextmanager
-def gateway(upstream: str, cpus: str | None, source: Path | None,
-            extra: Sequence[str] = ()) -> Iterator[tuple[str, int]]:
-    """``fleetserve gateway`` with its default features and one worker (plus ``extra`` options); ``source``
-    replaces the package."""
+def python_front(name: str, upstream: str, cpus: str | None, source: Path | None,
+                 extra: Sequence[str] = ()) -> Iterator[tuple[str, int]]:
+    """``fleetserve gateway`` with its default features and one worker (plus ``extra`` options), or with
+    ``name`` "bare" ``benchmarks/bare_proxy.py``; ``source`` replaces the package."""
     port = free_port()
-    argv = [sys.executable, "-m", "fleetserve.cli", "gateway", "--backend", upstream, "--host", "127.0.0.1",
-            "--port", str(port), "--workers", "1", *extra]
+    if name == "bare":
+        argv = [sys.executable, str(Path(__file__).with_name("bare_proxy.py")), "--upstream", upstream,
+                "--port", str(port)]
+        ready = _proxy_ready
+    else:
+        argv = [sys.executable, "-m", "fleetserve.cli", "gateway", "--backend", upstream, "--host", "127.0.0.1",
+                "--port", str(port), "--workers", "1", *extra]
+        ready = _gateway_ready
     if cpus is not None:
         argv = ["taskset", "-c", cpus, *argv]
     env = dict(os.environ)
@@ -201,7 +217,7 @@ def gateway(upstream: str, cpus: str | None, source: Path | None,
                                     stderr=subprocess.STDOUT, start_new_session=True)
         try:
             url = f"http://127.0.0.1:{port}"
-            _wait_healthy(url, proc, log)
+            _wait_ready(url, ready, proc, log)
             yield url, proc.pid
         finally:
             if proc.poll() is None:
@@ -215,9 +231,9 @@ def gateway(upstream: str, cpus: str | None, source: Path | None,
 
 @contextlib.contextmanager
 def front(name: str, upstream: str, cpus: str | None, args: argparse.Namespace) -> Iterator[tuple[str, int]]:
-    if name.startswith("fleetserve"):
+    if name.startswith("fleetserve") or name == "bare":
         source = args.baseline if name.endswith("@baseline") else None
-        with gateway(upstream, cpus, source, args.gateway_args.split()) as started:
+        with python_front(name, upstream, cpus, source, args.gateway_args.split()) as started:
             yield started
         return
     proc: PinnedNginx | PinnedHaproxy
