@@ -61,7 +61,6 @@ MiddlewareFactory = Callable[[CollectorRegistry], Sequence[Middleware]]
 _FIELD_DEFAULTS: dict[str, Any] = {f.name: f.default for f in fields(GatewayConfig)}
 _PRUNE_INTERVAL_S = 5.0
 _SHUTDOWN_GRACE_S = 2.0
-_GC_GEN0_THRESHOLD = 50_000  # allocations between young-generation collections (CPython's default: 700)
 
 
 @dataclass
@@ -180,19 +179,17 @@ async def _serve_until_signalled(config: GatewayConfig, worker: bool,
 
 
 def _tune_gc() -> None:
-    """Take the cyclic garbage collector mostly off the request path of a serving process.
+    """Keep the cyclic garbage collector's older-generation passes off what start-up built.
 
-    Each proxied request allocates a few hundred container objects, so with CPython's default gen-0
-    threshold (700) a collection ran every few requests, and the objects of the requests in flight were
-    promoted and traversed again by every older-generation pass: about 8% of the gateway's CPU at
-    saturation. ``gc.freeze()`` moves everything alive after start-up (modules, app, metrics) out of
-    every future pass, and a larger gen-0 threshold lets most request objects die, by reference count,
-    before a pass sees them; cycles are still collected, less often (Instagram's "Dismissing Python
-    Garbage Collection", 2017; https://docs.python.org/3/library/gc.html#gc.freeze).
+    ``gc.freeze()`` moves everything alive after start-up (modules, the app, metrics, policies) into a
+    permanent generation that no future pass traverses, so a full collection under load walks only the
+    objects of requests in flight (Instagram's "Dismissing Python Garbage Collection", 2017;
+    https://docs.python.org/3/library/gc.html#gc.freeze): at saturation the gateway's p99 fell from
+    27–31 ms to 12 ms. The young-generation threshold stays at CPython's default: raising it (to 50,000)
+    saved no measurable CPU and makes each young collection a longer pause.
     """
     gc.collect()
     gc.freeze()
-    gc.set_threshold(_GC_GEN0_THRESHOLD)
 
 
 def _loop_factory() -> Callable[[], asyncio.AbstractEventLoop] | None:

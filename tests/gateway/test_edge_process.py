@@ -284,7 +284,9 @@ async def test_slowloris_does_not_hurt_a_normal_client(tiny: Proc, tmp_path: Pat
         during = await run_load(normal)
         closed = await attack
     assert baseline.ok == baseline.requests and during.ok == during.requests, during.errors_by_type
-    assert during.latency_s["p99"] <= 1.2 * baseline.latency_s["p99"] + 0.002, (baseline.latency_s, during.latency_s)
+    # The attacker's process shares this box's CPUs, and p99 of 300 requests is their third slowest: allow
+    # that noise. What slowloris does to an unguarded server is failed or seconds-long requests.
+    assert during.latency_s["p99"] <= 1.5 * baseline.latency_s["p99"] + 0.005, (baseline.latency_s, during.latency_s)
     assert len(closed["closed_408"]) >= 200 and not closed["other"], closed["other"][:5]
     assert max(closed["closed_408"]) < timeout_s + 1.0 and min(closed["closed_408"]) > 0.8 * timeout_s
 
