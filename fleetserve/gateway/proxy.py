@@ -264,17 +264,16 @@ class Proxy:
         hedge budget is left."""
         if asyncio.get_running_loop().time() >= deadline:
             return None
+        budget = self._hedger.budget
+        if not budget.available():
+            self._metrics.hedges_skipped.labels("budget").inc()
+            return None
         ep, _ = self._pick(ctx, exclude)
         if ep is None:
             self._metrics.hedges_skipped.labels("no_backend").inc()
             return None
-        budget = self._hedger.budget
-        if budget.available():
-            budget.take()
-            return ep
-        self._release_slot(ep)
-        self._metrics.hedges_skipped.labels("budget").inc()
-        return None
+        budget.take()
+        return ep
 
     def _release_slot(self, ep: Endpoint) -> None:
         if self._replica_limiter is not None:
