@@ -116,7 +116,7 @@ class Supervisor:
             [*cli, "gateway", *backends, "--host", config.host, "--port", str(config.gateway_port),
              "--workers", str(config.gateway_workers), "--policy", config.policy, *config.gateway_args],
             f"http://{config.host}:{config.gateway_port}",
-            "/healthz",
+            "/readyz",
             Backoff(config.backoff_initial_s, config.backoff_max_s, config.stable_s),
         )
 

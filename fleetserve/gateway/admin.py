@@ -1,5 +1,11 @@
-"""The gateway's own endpoints: ``/healthz`` (the process is live), ``/metrics`` (Prometheus text) and
-``/gateway/backends`` (the balancer's per-backend state as JSON, for operators and ``fleetserve up``).
+"""The gateway's own endpoints: ``/healthz`` (the process is live), ``/readyz`` (ready for traffic),
+``/metrics`` (Prometheus text) and ``/gateway/backends`` (the balancer's per-backend state as JSON, for
+operators and ``fleetserve up``).
+
+``/readyz`` turns 200 once some backend has passed its health checks and then stays 200, like Envoy's
+``/ready`` after initialisation: a new gateway (a rollout, ``fleetserve up``) takes no traffic before it
+knows where to send it, yet a fleet-wide outage later does not also take every gateway out of its Service,
+which would turn the gateway's quick 503s into refused connections.
 """
 
 from __future__ import annotations
@@ -10,6 +16,7 @@ from fleetserve.gateway.balancer import Balancer
 from fleetserve.gateway.metrics import GatewayMetrics
 
 HEALTHZ_PATH = "/healthz"
+READYZ_PATH = "/readyz"
 METRICS_PATH = "/metrics"
 BACKENDS_PATH = "/gateway/backends"
 
@@ -17,6 +24,16 @@ BACKENDS_PATH = "/gateway/backends"
 def add_admin_routes(app: web.Application, balancer: Balancer, metrics: GatewayMetrics) -> None:
     async def healthz(request: web.Request) -> web.Response:
         return web.json_response({"status": "ok"})
+
+    warmed = False
+
+    async def readyz(request: web.Request) -> web.Response:
+        nonlocal warmed
+        warmed = warmed or any(row["state"] == "healthy" for row in balancer.snapshot())
+        if warmed:
+            return web.json_response({"status": "ready"})
+        return web.json_response({"status": "no backend has passed its health checks yet"}, status=503,
+                                 headers={"Retry-After": "1"})
 
     async def metrics_text(request: web.Request) -> web.Response:
         body, content_type = metrics.render()
@@ -32,5 +49,6 @@ def add_admin_routes(app: web.Application, balancer: Balancer, metrics: GatewayM
         })
 
     app.router.add_get(HEALTHZ_PATH, healthz, allow_head=False)
+    app.router.add_get(READYZ_PATH, readyz, allow_head=False)
     app.router.add_get(METRICS_PATH, metrics_text, allow_head=False)
     app.router.add_get(BACKENDS_PATH, backends, allow_head=False)

@@ -103,7 +103,7 @@ def test_replica_service_is_headless_and_the_gateway_resolves_it(base: dict[tupl
     assert config.dns_port == {p["name"]: p["port"] for p in service["spec"]["ports"]}["http"]
     gateway_ports = {p["name"]: p["containerPort"] for p in gateway["ports"]}
     assert gateway_ports == {"http": config.port, "grpc": config.grpc_port}
-    assert gateway["readinessProbe"]["httpGet"]["path"] == "/healthz"
+    assert gateway["readinessProbe"]["httpGet"]["path"] == "/readyz"
 
 
 def test_selectors_match_their_pods(base: dict[tuple[str, str], dict[str, Any]]) -> None:

@@ -68,3 +68,22 @@ async def test_metrics_text_has_every_gateway_metric(replicas: StartReplicas, ga
     assert all('code="200"' in line for line in served)
     assert 'fleetserve_gateway_backends{state="healthy"} 2.0' in text
     assert "fleetserve_gateway_inflight_requests 0.0" in text
+
+
+async def test_readyz_waits_for_a_healthy_backend_then_stays_ready(replicas: StartReplicas, gateway: StartGateway,
+                                                                   client: aiohttp.ClientSession) -> None:
+    (replica,) = await replicas(1)
+    gw = await gateway([replica.url], health_checks=True)  # backends start unknown until probed
+    async with client.get(gw.url + "/readyz") as res:
+        assert res.status == 503 and res.headers["Retry-After"] == "1"
+        assert "health checks" in (await res.json())["status"]
+    for ep in gw.balancer.endpoints():
+        for _ in range(gw.config.balancer.healthy_threshold):
+            gw.balancer.set_probe_result(ep, True)
+    async with client.get(gw.url + "/readyz") as res:
+        assert res.status == 200
+    for ep in gw.balancer.endpoints():
+        for _ in range(gw.config.balancer.unhealthy_threshold):
+            gw.balancer.set_probe_result(ep, False)
+    async with client.get(gw.url + "/readyz") as res:  # an outage later keeps the gateway in its Service
+        assert res.status == 200

@@ -19,7 +19,7 @@ from fleetserve.gateway.edge.jwtconfig import JwtConfig
 IPNetwork = ipaddress.IPv4Network | ipaddress.IPv6Network
 RateKey = Literal["ip", "subject", "tenant"]
 RATE_KEYS: tuple[RateKey, ...] = ("ip", "subject", "tenant")
-DEFAULT_EXEMPT_PATHS = ("/healthz", "/metrics", "/v2/health/live", "/v2/health/ready")
+DEFAULT_EXEMPT_PATHS = ("/healthz", "/readyz", "/metrics", "/v2/health/live", "/v2/health/ready")
 
 
 def _positive(name: str, value: float) -> None:
