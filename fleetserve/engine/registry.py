@@ -29,20 +29,22 @@ def _import_class(target: str) -> Any:
 
 def get_backend(name: str, precision: Precision | None = None, device: str | None = None) -> Backend:
     if name == "auto":
-        present: list[Backend] = []
-        for candidate in AUTO_ORDER:
+        fastest: Backend | None = None
+        for candidate in AUTO_ORDER:  # stops at the first that can: slower ones are never imported
             try:
                 cls = _import_class(BACKENDS[candidate])
             except ImportError:
                 continue
-            if cls.available():
-                present.append(cls())
-        if not present:
+            if not cls.available():
+                continue
+            backend: Backend = cls()
+            if precision is None or device is None or backend.supports(precision, device):
+                return backend
+            fastest = fastest or backend
+        if fastest is None:
             raise EngineError("no engine backend is available")
-        if precision is None or device is None:
-            return present[0]
         # None that can: the fastest one, whose "does not support ..." error then says what it can do.
-        return next((b for b in present if b.supports(precision, device)), present[0])
+        return fastest
     if name not in BACKENDS:
         raise EngineError(f"unknown backend {name!r}; choose one of: auto, {', '.join(BACKENDS)}")
     try:

@@ -88,8 +88,7 @@ class HedgeConfig:
 class LatencyWindow:
     """The ``percentile`` of the last ``size`` latencies, refreshed every ``size // 8`` observations."""
 
-    __slots__ = ("_count", "_every", "_min_samples", "_next", "_percentile", "_samples", "_since", "_size",
-                 "threshold")
+    __slots__ = ("_every", "_min_samples", "_next", "_percentile", "_samples", "_since", "_size", "threshold")
 
     def __init__(self, size: int, percentile: float, min_samples: int) -> None:
         self._samples: list[float] = []
@@ -99,7 +98,6 @@ class LatencyWindow:
         self._min_samples = min_samples
         self._every = max(1, size // 8)
         self._since = 0
-        self._count = 0
         self.threshold: float | None = None  # seconds; None until min_samples latencies are in
 
     def observe(self, latency_s: float) -> None:
@@ -109,9 +107,8 @@ class LatencyWindow:
         else:
             samples[self._next] = latency_s
             self._next = (self._next + 1) % self._size
-        self._count += 1
         self._since += 1
-        if self._count >= self._min_samples and (self.threshold is None or self._since >= self._every):
+        if len(samples) >= self._min_samples and (self.threshold is None or self._since >= self._every):
             self._since = 0
             ordered = sorted(samples)
             rank = min(len(ordered) - 1, math.ceil(self._percentile / 100.0 * len(ordered)) - 1)

@@ -334,13 +334,13 @@ class Proxy:
             reply_headers = CIMultiDict((k, v) for k, v in reply.headers if k.lower() not in _DROP_RESPONSE)
             response = web.Response(status=status, body=reply.body, headers=reply_headers)
             outcome = _Outcome(response, ep.url, retryable=status == 503)
-            if status < 500:
-                self._hedger.observe(ctx.method, ctx.path, self._clock() - started)
         finally:
             # Also when the client went away or a hedge won (cancelled): status None says "no verdict".
             latency = self._clock() - started
             ticket.finish(status=status, connect_error=connect_error, latency_s=latency, headers=reply_headers)
             self._metrics.observe_attempt(ep.url, latency)
+            if status is not None and status < 500:
+                self._hedger.observe(ctx.method, ctx.path, latency)
         return outcome
 
     def _deadline_passed(self, timeout_s: float, rid: str) -> _Outcome:

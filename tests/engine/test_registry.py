@@ -33,6 +33,16 @@ class _Cpu:
         return device == "cpu"
 
 
+class _Counted(_Cpu):
+    name = "counted"
+    asked = 0
+
+    @staticmethod
+    def available() -> bool:
+        _Counted.asked += 1
+        return True
+
+
 class _Absent(_Cpu):
     name = "absent"
 
@@ -45,10 +55,13 @@ class _Absent(_Cpu):
 def fakes(monkeypatch: pytest.MonkeyPatch) -> None:
     module = types.ModuleType("fake_backends")
     module.GpuOnly, module.Cpu, module.Absent = _GpuOnly, _Cpu, _Absent  # type: ignore[attr-defined]
+    module.Counted = _Counted  # type: ignore[attr-defined]
+    _Counted.asked = 0
     monkeypatch.setitem(sys.modules, "fake_backends", module)
     monkeypatch.setattr(registry, "BACKENDS", {"absent": "fake_backends:Absent", "gpu-only": "fake_backends:GpuOnly",
-                                               "missing": "no_such_module_here:X", "cpu": "fake_backends:Cpu"})
-    monkeypatch.setattr(registry, "AUTO_ORDER", ("missing", "absent", "gpu-only", "cpu"))
+                                               "missing": "no_such_module_here:X", "cpu": "fake_backends:Cpu",
+                                               "counted": "fake_backends:Counted"})
+    monkeypatch.setattr(registry, "AUTO_ORDER", ("missing", "absent", "gpu-only", "cpu", "counted"))
 
 
 @pytest.mark.usefixtures("fakes")
@@ -74,3 +87,9 @@ def test_a_named_backend_that_is_absent_is_a_clear_error() -> None:
         registry.get_backend("absent")
     with pytest.raises(EngineError, match="cannot be imported"):
         registry.get_backend("missing")
+
+
+@pytest.mark.usefixtures("fakes")
+def test_auto_never_probes_backends_slower_than_the_one_it_takes() -> None:
+    assert registry.get_backend("auto", Precision.FP32, "cpu").name == "cpu"
+    assert _Counted.asked == 0
