@@ -21,9 +21,9 @@ from pathlib import Path
 
 import numpy as np
 
-from fleetserve.config import EngineConfig
 from fleetserve.engine.base import Precision
 from fleetserve.engine.builder import build
+from fleetserve.engine.config import EngineConfig
 from fleetserve.engine.onnxruntime import threads_per_instance
 from fleetserve.models.store import ModelStore
 from fleetserve.models.tokenizer import TextTokenizer

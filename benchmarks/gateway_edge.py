@@ -44,12 +44,12 @@ from aiohttp.typedefs import Handler, Middleware
 from cryptography.hazmat.primitives import serialization
 from cryptography.hazmat.primitives.asymmetric import rsa
 
+from fleetserve import cli
 from fleetserve.bench.loadgen import LoadConfig, run_load
 from fleetserve.deploy.local import free_port
 from fleetserve.gateway.edge import JwtConfig, KeySpec, build_middlewares
 from fleetserve.gateway.edge.keyset import KeySet
 from fleetserve.gateway.edge.tokens import TokenVerifier
-from fleetserve.gateway.server import add_arguments, config_from_args
 
 HZ = os.sysconf("SC_CLK_TCK")
 ISSUER, AUDIENCE = "https://issuer.bench", "fleetserve"
@@ -217,10 +217,7 @@ def _wrapped(middleware: Middleware, inner: Handler) -> Handler:
 async def guard_cost_us(args: tuple[str, ...], token: str | None, folder: Path, n: int = 20_000,
                         repeats: int = 5) -> float:
     """Microseconds per request spent in one setting's guard chain (cached token), best of ``repeats``."""
-    parser = argparse.ArgumentParser()
-    parser.add_argument("--config")
-    add_arguments(parser)
-    edge = config_from_args(parser.parse_args(["--backend", "http://127.0.0.1:1", *args])).edge
+    edge = cli.parse("gateway", ["--backend", "http://127.0.0.1:1", *args], {})[1].config().edge
     done = web.Response(text="ok")
 
     async def handler(request: web.Request) -> web.StreamResponse:

@@ -345,8 +345,8 @@ def raw_engine(cfg: RunConfig) -> dict[str, Any]:
     import random
 
     from fleetserve.bench.workloads import token_ids
-    from fleetserve.config import EngineConfig
     from fleetserve.engine.builder import build
+    from fleetserve.engine.config import EngineConfig
 
     engine = build(EngineConfig(model=cfg.model, precision=cfg.precision, backend=cfg.backend,  # type: ignore[arg-type]
                                 max_batch=cfg.max_batch, max_seq=cfg.max_seq, device=cfg.device), quiet=True).load()

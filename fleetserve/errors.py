@@ -57,3 +57,8 @@ class RequestExpired(FleetserveError):
 
     http_status = 504
     grpc_code = "DEADLINE_EXCEEDED"
+
+
+class UsageError(FleetserveError, ValueError):
+    """A user's mistake in a flag, an environment variable, the config file or the command's input: the CLI
+    prints the message as one line and exits 2."""

@@ -8,18 +8,18 @@ only when chosen.
 
 from __future__ import annotations
 
-import importlib
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Protocol
 from urllib.parse import urlsplit
 
 from fleetserve.bench.workloads import Payload
+from fleetserve.importer import Registry
 
-CLIENTS: dict[str, str] = {
+CLIENTS: Registry[Callable[[ClientConfig], HttpClient]] = Registry("client", {
     "fast": "fleetserve.bench.fastclient:FastClient",
     "aiohttp": "fleetserve.bench.aiohttpclient:AiohttpClient",
-}
+})
 
 # Error kinds besides ``http_<status>``; ``dropped`` is decided by the generator, not a client.
 TIMEOUT = "timeout"
@@ -85,8 +85,6 @@ def client_name(name: str, url: str) -> str:
 
 
 async def open_client(name: str, config: ClientConfig) -> HttpClient:
-    module_name, _, class_name = CLIENTS[client_name(name, config.url)].partition(":")
-    cls = getattr(importlib.import_module(module_name), class_name)
-    client: HttpClient = cls(config)
+    client: HttpClient = CLIENTS.load(client_name(name, config.url))(config)
     await client.start()
     return client

@@ -22,10 +22,11 @@ from dataclasses import dataclass, field, replace
 from typing import Any
 
 from fleetserve.bench.arrivals import ARRIVALS, arrival_offsets
-from fleetserve.bench.client import ClientConfig, HttpClient, RequestError, client_name, open_client
+from fleetserve.bench.client import CLIENTS, ClientConfig, HttpClient, RequestError, client_name, open_client
 from fleetserve.bench.recorder import RawResult, Recorder
 from fleetserve.bench.report import LoadReport, build_report
-from fleetserve.bench.workloads import WorkloadConfig, make_payloads
+from fleetserve.bench.workloads import WORKLOADS, WorkloadConfig, make_payloads
+from fleetserve.options import option
 
 Clock = Callable[[], float]
 # Open loop without max_inflight-many connections: requests beyond this wait for a free connection,
@@ -49,31 +50,36 @@ class LoadConfig:
     subset is kept. ``connections`` defaults to ``concurrency`` (closed loop) or
     ``min(max_inflight, 512)`` (open loop). ``client`` is ``auto``, ``fast`` or ``aiohttp``."""
 
-    url: str
-    rate: float | None
-    concurrency: int | None
-    duration_s: float
-    warmup_s: float = 0.0
-    workload: str = "texts"
-    model: str = "minilm"
-    arrivals: str = "poisson"
-    long_fraction: float = 0.1
-    max_inflight: int = 4096
-    timeout_s: float = 10.0
-    seed: int = 0
+    url: str = option("", "base URL of a replica, gateway or proxy, e.g. http://127.0.0.1:8080", positional=True,
+                      required=True)
+    rate: float | None = option(None, "open loop: requests per second (latency measured from the schedule)",
+                                default_text="closed loop")
+    concurrency: int | None = option(None, "closed loop: concurrent clients", default_text="open loop")
+    duration_s: float = option(10.0, "measured seconds", flag="--duration")
+    warmup_s: float = option(0.0, "seconds sent before, not measured", flag="--warmup")
+    workload: str = option("texts", "what each request carries", choices=WORKLOADS.keys)
+    model: str = option("minilm", "model name for the v2 workloads")
+    arrivals: str = option("poisson", "open loop: arrival process", choices=ARRIVALS.keys)
+    long_fraction: float = option(0.1, "share of 100-300 token texts (the rest are 5-30 tokens)")
+    max_inflight: int = option(4096, "open loop: outstanding requests at most; more are counted as dropped")
+    timeout_s: float = option(10.0, "per-request seconds", flag="--timeout")
+    seed: int = option(0, "random seed of arrivals and payloads")
     headers: Mapping[str, str] = field(default_factory=dict)
-    connections: int | None = None
-    client: str = "auto"
-    processes: int = 1
-    max_samples: int = 1_000_000
+    connections: int | None = option(None, "connection pool size", default_text="concurrency, or min(max-inflight, "
+                                     "512) in open loop")
+    client: str = option("auto", "HTTP client (auto: fast for http://, aiohttp for https://)",
+                         choices=lambda: ["auto", *CLIENTS])
+    processes: int = option(1, "worker processes sharing the load (results merged)")
+    max_samples: int = option(1_000_000, "latency samples kept (a uniform subset beyond)")
     pool_size: int = 512
-    rows: int = 1
-    tokens: int | None = None
-    outputs: tuple[str, ...] = ()
+    rows: int = option(1, "v2 workloads: sequences per request (e.g. ranking candidates)")
+    tokens: int | None = option(None, "v2 workloads: tokens per row", default_text="the length mix")
+    outputs: tuple[str, ...] = option((), "v2 workloads: ask for this output only (repeatable)", flag="--output",
+                                      metavar="NAME", default_text="all outputs")
 
     def __post_init__(self) -> None:
         if (self.rate is None) == (self.concurrency is None):
-            raise ValueError("set exactly one of rate (open loop) and concurrency (closed loop)")
+            raise ValueError("set exactly one of --rate (open loop) and --concurrency (closed loop)")
         if self.rate is not None and not self.rate > 0:
             raise ValueError(f"rate must be > 0 requests/s, got {self.rate}")
         if self.concurrency is not None and self.concurrency < 1:

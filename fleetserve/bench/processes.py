@@ -14,9 +14,9 @@ import multiprocessing.synchronize
 import time
 from concurrent.futures import ProcessPoolExecutor
 
-from fleetserve.bench.eventloop import loop_factory
 from fleetserve.bench.loadgen import LoadConfig, collect
 from fleetserve.bench.recorder import RawResult, merge
+from fleetserve.eventloop import loop_factory
 
 # Time for every worker to build its payloads and client after the barrier.
 START_DELAY_S = 0.5

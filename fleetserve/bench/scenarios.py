@@ -22,7 +22,8 @@ from pathlib import Path
 from fleetserve.bench import faults
 from fleetserve.bench.loadgen import LoadConfig, run_load
 from fleetserve.bench.report import LoadReport
-from fleetserve.fleet.supervisor import FleetConfig, Supervisor, http_ok
+from fleetserve.fleet.config import FleetConfig, gateway_config, replica_config
+from fleetserve.fleet.supervisor import Supervisor, http_ok
 
 FRONTS = ("fleetserve", "nginx-round-robin", "nginx-least-conn", "haproxy-leastconn", "direct")
 FAULTS = ("none", "throttle", "crash", "rolling")
@@ -140,12 +141,12 @@ async def _front(cfg: ScenarioConfig, supervisor: Supervisor) -> AsyncIterator[t
 
 async def run_scenario(cfg: ScenarioConfig) -> ScenarioResult:
     fleet = FleetConfig(
-        model=cfg.model, replicas=1 if cfg.front == "direct" else cfg.replicas, gateway_port=cfg.gateway_port,
-        base_port=cfg.base_port, policy=cfg.policy, gateway=cfg.front == "fleetserve",
-        gateway_args=("--health-interval", "1", *cfg.gateway_args), replica_args=cfg.replica_args,
-        status_interval_s=3600,
+        replicas=1 if cfg.front == "direct" else cfg.replicas, gateway_port=cfg.gateway_port,
+        base_port=cfg.base_port, gateway=cfg.front == "fleetserve", status_interval_s=3600,
     )
-    supervisor = Supervisor(fleet)
+    replica = replica_config(cfg.model, ("--drain-grace-s", "1", *cfg.replica_args))
+    gateway = gateway_config(("--health-interval", "1", "--policy", cfg.policy, *cfg.gateway_args))
+    supervisor = Supervisor(fleet, replica, gateway)
     stop_fleet = asyncio.Event()
     fleet_task = asyncio.create_task(supervisor.run(stop_fleet))
     events: dict[str, float] = {}

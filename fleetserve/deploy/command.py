@@ -10,58 +10,55 @@ options a target does not use are ignored.
 
 from __future__ import annotations
 
-import argparse
 import sys
+from dataclasses import dataclass
 from pathlib import Path
 
+from fleetserve.deploy.k8s import K8sConfig
+from fleetserve.deploy.monitoring import MonitoringConfig
 from fleetserve.deploy.proxy import POLICIES, Backend, ProxyConfig
+from fleetserve.errors import UsageError
+from fleetserve.options import option, section
 
 TARGETS = ("nginx", "haproxy", "k8s", "prometheus", "grafana", "all")
 _POLICY_SPELLINGS = ("round-robin", "least_conn", "roundrobin", "leastconn", "least-conn")
 
 
-def add_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("target", choices=TARGETS, help="what to render; all: the default tree of deploy/")
-    parser.add_argument("--out", type=Path,
-                        help="file (nginx, haproxy, grafana) or folder (k8s, prometheus, all); default: stdout")
-    proxy = parser.add_argument_group("nginx and haproxy")
-    proxy.add_argument("--backend", action="append", default=[], metavar="URL[=WEIGHT]",
-                       help="a replica, repeatable, e.g. http://10.0.0.5:8000=2")
-    proxy.add_argument("--host", default="0.0.0.0", help="address to listen on (default %(default)s)")
-    proxy.add_argument("--port", type=int, default=8080, help="port to listen on (default %(default)s)")
-    proxy.add_argument("--policy", default="round-robin", choices=_POLICY_SPELLINGS,
-                       help=f"balancing: {' or '.join(POLICIES)}, in either proxy's spelling (default %(default)s)")
-    proxy.add_argument("--workers", type=int, default=0,
-                       help="NGINX worker processes / HAProxy threads (0 = one per core)")
-    proxy.add_argument("--maxconn", type=int, default=ProxyConfig.maxconn, help="client connections at most")
-    proxy.add_argument("--timeout-s", type=float, default=ProxyConfig.timeout_s, help="upstream response timeout")
-    proxy.add_argument("--health-interval", type=float, default=ProxyConfig.health_interval_s,
-                       help="seconds between HAProxy's readiness checks of each replica")
-    proxy.add_argument("--prefix", type=Path,
-                       help="NGINX: folder for pid, logs and temp files (default: NGINX's -p prefix)")
-    k8s = parser.add_argument_group("k8s")
-    k8s.add_argument("--model", default="minilm", help="model the replicas serve (default %(default)s)")
-    k8s.add_argument("--replicas", type=int, default=3, help="replica pods (default %(default)s)")
-    k8s.add_argument("--image", help="container image with fleetserve installed (default fleetserve:VERSION)")
-    k8s.add_argument("--name", default="fleetserve", help="prefix of resource names (default %(default)s)")
-    k8s.add_argument("--gateway-replicas", type=int, default=2, help="gateway pods (default %(default)s)")
-    k8s.add_argument("--cpu", default="2", help="CPU request per replica (default %(default)s)")
-    k8s.add_argument("--memory", default="4Gi", help="memory request and limit per replica (default %(default)s)")
-    k8s.add_argument("--gpus", type=int, default=1, help="GPUs per replica in the gpu overlay (default %(default)s)")
-    k8s.add_argument("--drain-grace-s", type=float, default=5.0, help="replica --drain-grace-s")
-    k8s.add_argument("--drain-timeout-s", type=float, default=30.0, help="replica --drain-timeout-s")
-    prom = parser.add_argument_group("prometheus")
-    prom.add_argument("--p99-seconds", type=float, default=0.05, help="p99 latency alert threshold")
-    prom.add_argument("--error-ratio", type=float, default=0.01, help="5xx ratio alert threshold")
-    prom.add_argument("--queue-depth", type=int, default=512, help="queued rows per replica alert threshold")
+@dataclass(frozen=True)
+class ProxyOptions:
+    """NGINX and HAProxy: ``ProxyConfig``'s defaults, its backends required only by those targets."""
+
+    backend: tuple[Backend, ...] = option((), "a replica, repeatable, e.g. http://10.0.0.5:8000=2",
+                                          parse=Backend.parse, metavar="URL[=WEIGHT]")
+    host: str = option(ProxyConfig.host, "address to listen on")
+    port: int = option(ProxyConfig.port, "port to listen on")
+    policy: str = option(ProxyConfig.policy, f"balancing: {' or '.join(POLICIES)}, in either proxy's spelling",
+                         choices=_POLICY_SPELLINGS)
+    workers: int = option(ProxyConfig.workers, "NGINX worker processes / HAProxy threads (0: one per core)")
+    maxconn: int = option(ProxyConfig.maxconn, "client connections at most")
+    timeout_s: float = option(ProxyConfig.timeout_s, "upstream response timeout")
+    health_interval_s: float = option(ProxyConfig.health_interval_s, "seconds between HAProxy's readiness checks "
+                                      "of each replica", flag="--health-interval")
+    prefix: Path | None = option(None, "NGINX: folder for pid, logs and temp files", default_text="NGINX's -p prefix")
+
+    def config(self) -> ProxyConfig:
+        return ProxyConfig(backends=self.backend, host=self.host, port=self.port, policy=self.policy,
+                           workers=self.workers, maxconn=self.maxconn, timeout_s=self.timeout_s,
+                           health_interval_s=self.health_interval_s)
 
 
-def _proxy_config(args: argparse.Namespace) -> ProxyConfig:
-    return ProxyConfig(
-        backends=tuple(Backend.parse(spec) for spec in args.backend), host=args.host, port=args.port,
-        policy=args.policy, workers=args.workers, maxconn=args.maxconn, timeout_s=args.timeout_s,
-        health_interval_s=args.health_interval,
-    )
+@dataclass(frozen=True)
+class DeployOptions:
+    target: str = option("all", "what to render; all: the default tree of deploy/", positional=True, required=True,
+                         choices=TARGETS)
+    out: Path | None = option(None, "file (nginx, haproxy, grafana) or folder (k8s, prometheus, all)",
+                              default_text="stdout")
+    proxy: ProxyOptions = section(ProxyOptions, "nginx and haproxy")
+    k8s: K8sConfig = section(K8sConfig, "k8s")
+    prometheus: MonitoringConfig = section(MonitoringConfig, "prometheus")
+
+
+OPTIONS = DeployOptions
 
 
 def _emit(text: str, out: Path | None) -> None:
@@ -80,51 +77,37 @@ def _emit_tree(files: dict[str, str], out: Path) -> None:
         print(f"wrote {path}", file=sys.stderr)
 
 
-def _k8s(args: argparse.Namespace) -> None:
-    from fleetserve.deploy.k8s import K8sConfig, manifests, render_k8s
-
-    config = K8sConfig(
-        model=args.model, replicas=args.replicas, image=args.image or K8sConfig.image, name=args.name,
-        gateway_replicas=args.gateway_replicas, cpu=args.cpu, memory=args.memory, gpus=args.gpus,
-        drain_grace_s=args.drain_grace_s, drain_timeout_s=args.drain_timeout_s,
-    )
-    if args.out is None:
-        _emit(manifests(config), None)
-    else:
-        _emit_tree(render_k8s(config), args.out)
-
-
-def _prometheus(args: argparse.Namespace) -> None:
-    from fleetserve.deploy.monitoring import MonitoringConfig, render_prometheus
-
-    if args.out is None:
-        raise ValueError("prometheus writes three files; give --out DIR")
-    config = MonitoringConfig(p99_seconds=args.p99_seconds, error_ratio=args.error_ratio,
-                              queue_depth=args.queue_depth)
-    _emit_tree(render_prometheus(config), args.out)
-
-
-def run(args: argparse.Namespace) -> int:
-    if args.target == "nginx":
+def run(options: DeployOptions) -> int:
+    target, out = options.target, options.out
+    if target == "nginx":
         from fleetserve.deploy.nginx import render_nginx_config
 
-        _emit(render_nginx_config(_proxy_config(args), args.prefix), args.out)
-    elif args.target == "haproxy":
+        _emit(render_nginx_config(options.proxy.config(), options.proxy.prefix), out)
+    elif target == "haproxy":
         from fleetserve.deploy.haproxy import render_haproxy_config
 
-        _emit(render_haproxy_config(_proxy_config(args)), args.out)
-    elif args.target == "k8s":
-        _k8s(args)
-    elif args.target == "prometheus":
-        _prometheus(args)
-    elif args.target == "all":
+        _emit(render_haproxy_config(options.proxy.config()), out)
+    elif target == "k8s":
+        from fleetserve.deploy.k8s import manifests, render_k8s
+
+        if out is None:
+            _emit(manifests(options.k8s), None)
+        else:
+            _emit_tree(render_k8s(options.k8s), out)
+    elif target == "prometheus":
+        from fleetserve.deploy.monitoring import render_prometheus
+
+        if out is None:
+            raise UsageError("prometheus writes three files; give --out DIR")
+        _emit_tree(render_prometheus(options.prometheus), out)
+    elif target == "all":
         from fleetserve.deploy.assets import default_assets
 
-        if args.out is None:
-            raise ValueError("all writes a tree of files; give --out DIR (e.g. deploy)")
-        _emit_tree(default_assets(), args.out)
+        if out is None:
+            raise UsageError("all writes a tree of files; give --out DIR (e.g. deploy)")
+        _emit_tree(default_assets(), out)
     else:
         from fleetserve.deploy.monitoring import render_grafana
 
-        _emit(render_grafana(), args.out)
+        _emit(render_grafana(), out)
     return 0

@@ -15,6 +15,7 @@ from dataclasses import dataclass
 
 from fleetserve import __version__
 from fleetserve.deploy.templating import render
+from fleetserve.options import option
 
 BASE_FILES = (
     "replica-deployment.yaml", "replica-service.yaml", "replica-pdb.yaml",
@@ -34,23 +35,23 @@ _QUANTITY = re.compile(r"^[0-9]+(\.[0-9]+)?(m|Ki|Mi|Gi|Ti|k|M|G|T)?$")
 class K8sConfig:
     """What the manifests run. Times are seconds."""
 
-    model: str = "minilm"
-    replicas: int = 3
-    image: str = f"fleetserve:{__version__}"
-    name: str = "fleetserve"
-    gateway_replicas: int = 2
+    model: str = option("minilm", "model the replicas serve")
+    replicas: int = option(3, "replica pods")
+    image: str = option(f"fleetserve:{__version__}", "container image with fleetserve installed")
+    name: str = option("fleetserve", "prefix of resource names")
+    gateway_replicas: int = option(2, "gateway pods")
     port: int = 8000
     grpc_port: int = 8001
     gateway_port: int = 8080
     gateway_grpc_port: int = 8081
-    drain_grace_s: float = 5.0
-    drain_timeout_s: float = 30.0
+    drain_grace_s: float = option(5.0, "replica --drain-grace-s")
+    drain_timeout_s: float = option(30.0, "replica --drain-timeout-s")
     pre_stop_s: int = 5  # endpoints, DNS and the gateway's re-resolution catch up meanwhile
     startup_budget_s: int = 900  # engine export + build + warm-up on a CPU
     gpu_startup_budget_s: int = 1800
-    cpu: str = "2"
-    memory: str = "4Gi"
-    gpus: int = 1
+    cpu: str = option("2", "CPU request per replica")
+    memory: str = option("4Gi", "memory request and limit per replica")
+    gpus: int = option(1, "GPUs per replica in the gpu overlay")
     gpu_precision: str = "fp16"
 
     def __post_init__(self) -> None:

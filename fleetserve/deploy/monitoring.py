@@ -14,6 +14,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from fleetserve.deploy.templating import render
+from fleetserve.options import option
 
 DASHBOARD_UID = "fleetserve"
 
@@ -23,9 +24,10 @@ class MonitoringConfig:
     """Alert thresholds and scrape targets. Times are seconds."""
 
     scrape_interval_s: int = 15
-    p99_seconds: float = 0.05  # the seed's ranking service ran at 18 ms; 50 ms leaves room for peaks
-    error_ratio: float = 0.01
-    queue_depth: int = 512  # half the replica's default --max-queue
+    # The seed's ranking service ran at 18 ms; 50 ms leaves room for peaks.
+    p99_seconds: float = option(0.05, "p99 latency alert threshold")
+    error_ratio: float = option(0.01, "5xx ratio alert threshold")
+    queue_depth: int = option(512, "queued rows per replica alert threshold (half the replica's --max-queue)")
     ejections: int = 3
     gateway_port: int = 8080  # `fleetserve up` defaults: gateway port, then replicas at base_port + 2i
     base_port: int = 8100

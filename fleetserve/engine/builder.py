@@ -18,11 +18,11 @@ import numpy as np
 import onnxruntime as ort
 from tqdm import tqdm
 
-from fleetserve.config import EngineConfig
 from fleetserve.engine.accuracy import cosine_report
 from fleetserve.engine.base import Backend, BuildReport, BuildSpec, Engine, EngineError, Precision, ShapeProfile
 from fleetserve.engine.cache import CacheEntry, EngineCache, cache_key, file_digest
 from fleetserve.engine.calibration import calibration_texts, held_out_texts
+from fleetserve.engine.config import EngineConfig
 from fleetserve.engine.registry import get_backend
 from fleetserve.models.store import ModelStore, StoredModel, fleetserve_home
 from fleetserve.models.tokenizer import TextTokenizer

@@ -2,23 +2,35 @@
 
 from __future__ import annotations
 
-import argparse
+from dataclasses import dataclass
 
-from fleetserve.config import EngineConfig
 from fleetserve.engine.builder import engine_cache
+from fleetserve.engine.config import EngineConfig
+from fleetserve.errors import UsageError
+from fleetserve.options import option
 
 
-def add_arguments(parser: argparse.ArgumentParser) -> None:
-    sub = parser.add_subparsers(dest="action", required=True)
-    sub.add_parser("list", help="list cached engines")
-    rm = sub.add_parser("rm", help="remove cached engines by key prefix (or --all)")
-    rm.add_argument("key", nargs="?", default="", help="key or key prefix from `fleetserve engines list`")
-    rm.add_argument("--all", action="store_true")
+@dataclass(frozen=True)
+class EnginesOptions:
+    action: str = option("list", "list: show cached engines; rm: remove them by key prefix", positional=True,
+                         choices=("list", "rm"))
+    key: str = option("", "rm: key or key prefix from `fleetserve engines list`", positional=True,
+                      default_text="none")
+    all: bool = option(False, "rm: remove every cached engine")
+
+    def __post_init__(self) -> None:
+        if self.action == "rm" and not self.key and not self.all:
+            raise ValueError("engines rm needs a key prefix or --all")
+        if self.action == "list" and (self.key or self.all):
+            raise ValueError("engines list takes no key and no --all")
 
 
-def run(args: argparse.Namespace) -> int:
+OPTIONS = EnginesOptions
+
+
+def run(options: EnginesOptions) -> int:
     cache = engine_cache(EngineConfig())
-    if args.action == "list":
+    if options.action == "list":
         entries = cache.entries()
         if not entries:
             print(f"no engines cached in {cache.root}")
@@ -29,11 +41,9 @@ def run(args: argparse.Namespace) -> int:
             print(f"{e.key:<34}{m.get('model', '?')!s:<12}{m.get('backend', '?')!s:<13}"
                   f"{m.get('precision', '?')!s:<10}{m.get('device', '?')!s:<8}{e.size_bytes / 2**20:>8.1f}")
         return 0
-    if not args.key and not args.all:
-        raise ValueError("give a key prefix or --all")
-    removed = cache.remove("" if args.all else args.key)
+    removed = cache.remove("" if options.all else options.key)
     if not removed:
-        raise ValueError(f"no cached engine matches {args.key!r}")
+        raise UsageError(f"no cached engine matches {options.key!r}")
     for key in removed:
         print(f"removed {key}")
     return 0

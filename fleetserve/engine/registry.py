@@ -9,22 +9,17 @@ import-string tables with fallback.
 
 from __future__ import annotations
 
-import importlib
 from typing import Any
 
 from fleetserve.engine.base import Backend, EngineError, Precision
+from fleetserve.importer import Registry
 
-BACKENDS: dict[str, str] = {
+BACKENDS: Registry[Any] = Registry("backend", {
     "tensorrt": "fleetserve.engine.tensorrt:TensorRTBackend",
     "torch-cuda": "fleetserve.engine.torch_cuda:TorchCudaBackend",
     "onnxruntime": "fleetserve.engine.onnxruntime:OnnxRuntimeBackend",
-}
+})
 AUTO_ORDER = ("tensorrt", "torch-cuda", "onnxruntime")
-
-
-def _import_class(target: str) -> Any:
-    module, cls = target.split(":")
-    return getattr(importlib.import_module(module), cls)
 
 
 def get_backend(name: str, precision: Precision | None = None, device: str | None = None) -> Backend:
@@ -32,7 +27,7 @@ def get_backend(name: str, precision: Precision | None = None, device: str | Non
         fastest: Backend | None = None
         for candidate in AUTO_ORDER:  # stops at the first that can: slower ones are never imported
             try:
-                cls = _import_class(BACKENDS[candidate])
+                cls = BACKENDS.load(candidate)
             except ImportError:
                 continue
             if not cls.available():
@@ -48,7 +43,7 @@ def get_backend(name: str, precision: Precision | None = None, device: str | Non
     if name not in BACKENDS:
         raise EngineError(f"unknown backend {name!r}; choose one of: auto, {', '.join(BACKENDS)}")
     try:
-        cls = _import_class(BACKENDS[name])
+        cls = BACKENDS.load(name)
     except ImportError as exc:
         raise EngineError(f"backend {name!r} cannot be imported here: {exc}") from None
     if not cls.available():

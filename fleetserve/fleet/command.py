@@ -1,46 +1,66 @@
-"""``fleetserve up [--replicas 3] [MODEL]``: a local fleet — N supervised replicas and a gateway."""
+"""``fleetserve up [MODEL]``: a local fleet — N supervised replicas and a gateway.
+
+``up``'s own options (engine, policy, fleet shape) and the ``--replica-args`` / ``--gateway-args`` flags are
+validated here, before any process starts; each child then gets its finished config (see
+:mod:`fleetserve.fleet.config`).
+"""
 
 from __future__ import annotations
 
-import argparse
 import asyncio
-import shlex
 import signal
 import sys
+from dataclasses import dataclass
 
-from fleetserve.fleet.supervisor import FleetConfig, Supervisor
+from fleetserve.engine.base import Precision
+from fleetserve.engine.config import MODEL_HELP
+from fleetserve.engine.registry import BACKENDS
+from fleetserve.fleet.config import FleetConfig, gateway_config, replica_config, split_flags
+from fleetserve.fleet.supervisor import Supervisor
+from fleetserve.gateway.config import GatewayConfig
+from fleetserve.gateway.policies import DEFAULT_POLICY, POLICIES
+from fleetserve.options import option, section
+from fleetserve.replica.config import ReplicaConfig
+
+# A local fleet's replicas leave a drained process's port quickly: the gateway retries refused connections.
+LOCAL_DRAIN_GRACE = ("--drain-grace-s", "1")
 
 
-def add_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("model", nargs="?", default="minilm")
-    parser.add_argument("--replicas", type=int, default=3)
-    parser.add_argument("--host", default="127.0.0.1")
-    parser.add_argument("--port", type=int, default=8080, help="gateway port")
-    parser.add_argument("--base-port", type=int, default=8100, help="first replica port (HTTP; gRPC is +1)")
-    parser.add_argument("--workers", type=int, default=1, help="gateway worker processes")
-    parser.add_argument("--policy", default="p2c-peak-ewma")
-    parser.add_argument("--precision", default="fp32", help="engine precision for every replica")
-    parser.add_argument("--replica-args", default="", help="extra `fleetserve serve` flags (one string)")
-    parser.add_argument("--gateway-args", default="", help="extra `fleetserve gateway` flags (one string)")
+@dataclass(frozen=True)
+class UpOptions:
+    model: str = option("minilm", MODEL_HELP, positional=True)
+    fleet: FleetConfig = section(FleetConfig)
+    precision: Precision = option(Precision.FP32, "engine precision of every replica")
+    backend: str = option("auto", "engine backend of every replica", choices=("auto", *BACKENDS))
+    policy: str = option(DEFAULT_POLICY, "the gateway's balancing policy", choices=POLICIES.names)
+    workers: int = option(1, "gateway worker processes")
+    replica_args: tuple[str, ...] = option((), "further `fleetserve serve` options for every replica, one string",
+                                           parse=split_flags, repeat=False, metavar="'FLAGS'")
+    gateway_args: tuple[str, ...] = option((), "further `fleetserve gateway` options, one string",
+                                           parse=split_flags, repeat=False, metavar="'FLAGS'")
+
+    def replica(self) -> ReplicaConfig:
+        return replica_config(self.model, (*LOCAL_DRAIN_GRACE, *self.replica_args),
+                              {"engine.precision": self.precision, "engine.backend": self.backend})
+
+    def gateway(self) -> GatewayConfig:
+        return gateway_config(self.gateway_args, {"gateway.balancer.policy": self.policy,
+                                                  "gateway.workers": self.workers})
 
 
-def run(args: argparse.Namespace) -> int:
-    from fleetserve.config import EngineConfig
-    from fleetserve.engine.base import Precision
+OPTIONS = UpOptions
+
+
+def run(options: UpOptions) -> int:
     from fleetserve.engine.builder import build
 
+    replica, gateway = options.replica(), options.gateway()
     # Build once, up front: replicas then load from the cache instead of racing to build.
-    build(EngineConfig(model=args.model, precision=Precision(args.precision)))
-    config = FleetConfig(
-        model=args.model, replicas=args.replicas, host=args.host, gateway_port=args.port, base_port=args.base_port,
-        gateway_workers=args.workers, policy=args.policy,
-        replica_args=("--precision", args.precision, *shlex.split(args.replica_args)),
-        gateway_args=tuple(shlex.split(args.gateway_args)),
-    )
-    return asyncio.run(_main(config))
+    build(replica.engine)
+    return asyncio.run(_main(Supervisor(options.fleet, replica, gateway)))
 
 
-async def _main(config: FleetConfig) -> int:
+async def _main(supervisor: Supervisor) -> int:
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGINT, signal.SIGTERM):
@@ -51,7 +71,7 @@ async def _main(config: FleetConfig) -> int:
         if tty:
             print(f"\r{line}  ", end="", flush=True)
 
-    await Supervisor(config).run(stop, status)
+    await supervisor.run(stop, status)
     if tty:
         print()
     return 0

@@ -1,10 +1,11 @@
-"""Supervise a local fleet: N ``fleetserve serve`` processes and one ``fleetserve gateway`` in front of them.
+"""Supervise a local fleet: N replica processes and one gateway process in front of them.
 
-The engine is built once before any replica starts (replicas then load it from the cache, never racing to
-build it). A replica that exits is restarted with exponential backoff (reset after it stayed up for
-``stable_s``); it rejoins through the gateway's health checks and slow start. SIGINT/SIGTERM stop the
-gateway first (no new traffic), then drain every replica. Clock and sleep are injectable for tests of the
-restart policy.
+Each child gets its validated config whole (:mod:`fleetserve.fleet.child`), never re-parsed flags, and an
+environment without the parent's ``FLEETSERVE_*`` options. The engine is built once before any replica
+starts (replicas then load it from the cache, never racing to build it). A replica that exits is restarted
+with exponential backoff (reset after it stayed up for ``stable_s``); it rejoins through the gateway's health
+checks and slow start. SIGINT/SIGTERM stop the gateway first (no new traffic), then drain every replica. The
+clock is injectable for tests of the restart policy.
 """
 
 from __future__ import annotations
@@ -12,48 +13,24 @@ from __future__ import annotations
 import asyncio
 import logging
 import os
+import pickle
+import shutil
 import signal
 import sys
+import tempfile
 import time
 import urllib.request
-from collections.abc import Callable
-from dataclasses import dataclass, field
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, replace
+from pathlib import Path
 
 from fleetserve.errors import FleetserveError
+from fleetserve.fleet.config import FleetConfig
+from fleetserve.gateway.config import GatewayConfig
+from fleetserve.options import ENV_PREFIX
+from fleetserve.replica.config import ReplicaConfig
 
 log = logging.getLogger(__name__)
-
-
-@dataclass(frozen=True)
-class FleetConfig:
-    model: str = "minilm"
-    replicas: int = 3
-    host: str = "127.0.0.1"
-    gateway_port: int = 8080
-    base_port: int = 8100  # replica i listens on base_port + 2i (HTTP) and base_port + 2i + 1 (gRPC)
-    gateway_workers: int = 1
-    policy: str = "p2c-peak-ewma"
-    replica_args: tuple[str, ...] = ()  # extra `fleetserve serve` flags, e.g. --precision int8
-    gateway_args: tuple[str, ...] = ()
-    backoff_initial_s: float = 0.5
-    backoff_max_s: float = 10.0
-    stable_s: float = 30.0
-    ready_timeout_s: float = 300.0
-    status_interval_s: float = 2.0
-    gateway: bool = True  # False: replicas only (e.g. NGINX or HAProxy in front instead)
-    cores: int = field(default_factory=lambda: len(os.sched_getaffinity(0)))
-
-    def __post_init__(self) -> None:
-        if not 1 <= self.replicas <= 64:
-            raise ValueError(f"replicas must be in 1..64, got {self.replicas}")
-        if self.backoff_initial_s <= 0 or self.backoff_max_s < self.backoff_initial_s:
-            raise ValueError("backoff must be positive and max >= initial")
-
-    def replica_port(self, i: int) -> int:
-        return self.base_port + 2 * i
-
-    def threads_per_replica(self) -> int:
-        return max(1, self.cores // self.replicas)
 
 
 class Backoff:
@@ -71,10 +48,19 @@ class Backoff:
         return delay
 
 
+# What a child keeps of the parent's environment among FLEETSERVE_* variables: where models live.
+_KEPT_ENV = frozenset({"FLEETSERVE_HOME"})
+
+
+def child_environ(environ: Mapping[str, str]) -> dict[str, str]:
+    """The parent's environment without its ``FLEETSERVE_*`` options (the child's config says it all)."""
+    return {k: v for k, v in environ.items() if not k.startswith(ENV_PREFIX) or k in _KEPT_ENV}
+
+
 @dataclass
 class Member:
     name: str
-    argv: list[str]
+    config: ReplicaConfig | GatewayConfig
     url: str
     ready_path: str
     backoff: Backoff
@@ -93,39 +79,56 @@ def http_ok(url: str) -> bool:
 
 
 class Supervisor:
-    def __init__(self, config: FleetConfig, clock: Callable[[], float] = time.monotonic) -> None:
-        self.config = config
+    """Runs ``replica`` (its ports and threads set per member) ``fleet.replicas`` times and ``gateway`` (its
+    backends set to the replicas) in front, unless ``fleet.gateway`` is off."""
+
+    def __init__(self, fleet: FleetConfig, replica: ReplicaConfig, gateway: GatewayConfig | None = None, *,
+                 log_level: str = "info", clock: Callable[[], float] = time.monotonic) -> None:
+        self.config = fleet
         self.clock = clock
+        self.log_level = log_level
         self.stopping = False
-        cli = [sys.executable, "-m", "fleetserve.cli"]
+        self._folder: Path | None = None
+        threads = replica.threads or fleet.threads_per_replica()
         self.replicas = [
             Member(
                 f"replica-{i}",
-                [*cli, "serve", config.model, "--host", config.host, "--port", str(config.replica_port(i)),
-                 "--grpc-port", str(config.replica_port(i) + 1), "--threads", str(config.threads_per_replica()),
-                 "--drain-grace-s", "1", *config.replica_args],
-                f"http://{config.host}:{config.replica_port(i)}",
+                replace(replica, host=fleet.host, port=fleet.replica_port(i), grpc_port=fleet.replica_port(i) + 1,
+                        threads=threads),
+                f"http://{fleet.host}:{fleet.replica_port(i)}",
                 "/v2/health/ready",
-                Backoff(config.backoff_initial_s, config.backoff_max_s, config.stable_s),
+                Backoff(fleet.backoff_initial_s, fleet.backoff_max_s, fleet.stable_s),
             )
-            for i in range(config.replicas)
+            for i in range(fleet.replicas)
         ]
-        backends = [a for m in self.replicas for a in ("--backend", m.url)]
+        gateway = gateway if gateway is not None else GatewayConfig(backends=(self.replicas[0].url,))
         self.gateway = Member(
             "gateway",
-            [*cli, "gateway", *backends, "--host", config.host, "--port", str(config.gateway_port),
-             "--workers", str(config.gateway_workers), "--policy", config.policy, *config.gateway_args],
-            f"http://{config.host}:{config.gateway_port}",
+            replace(gateway, host=fleet.host, port=fleet.gateway_port, discovery="static",
+                    backends=tuple(m.url for m in self.replicas)),
+            f"http://{fleet.host}:{fleet.gateway_port}",
             "/readyz",
-            Backoff(config.backoff_initial_s, config.backoff_max_s, config.stable_s),
+            Backoff(fleet.backoff_initial_s, fleet.backoff_max_s, fleet.stable_s),
         )
 
     @property
     def members(self) -> list[Member]:
         return [*self.replicas, self.gateway] if self.config.gateway else list(self.replicas)
 
+    def _config_file(self, m: Member) -> Path:
+        """Where ``m``'s config waits for it (and for its restarts) while the fleet runs."""
+        if self._folder is None:
+            self._folder = Path(tempfile.mkdtemp(prefix="fleetserve-up-"))
+        path = self._folder / f"{m.name}.pickle"
+        if not path.exists():
+            path.write_bytes(pickle.dumps((m.config, self.log_level)))
+        return path
+
     async def _spawn(self, m: Member) -> None:
-        m.process = await asyncio.create_subprocess_exec(*m.argv, stdin=asyncio.subprocess.DEVNULL)
+        m.process = await asyncio.create_subprocess_exec(
+            sys.executable, "-m", "fleetserve.fleet.child", str(self._config_file(m)),
+            stdin=asyncio.subprocess.DEVNULL, env=child_environ(os.environ),
+        )
         m.started = self.clock()
         m.ready = False
 
@@ -176,6 +179,14 @@ class Supervisor:
 
     async def stop(self) -> None:
         self.stopping = True
+        try:
+            await self._stop_members()
+        finally:
+            if self._folder is not None:
+                shutil.rmtree(self._folder, ignore_errors=True)
+                self._folder = None
+
+    async def _stop_members(self) -> None:
         for group in ([self.gateway], self.replicas) if self.config.gateway else (self.replicas,):
             procs = [m.process for m in group if m.process is not None and m.process.returncode is None]
             for p in procs:

@@ -34,6 +34,7 @@ from fleetserve.gateway.outlier import OutlierConfig, OutlierDetector, OutlierSt
 from fleetserve.gateway.policies import DEFAULT_POLICY, POLICIES, RequestContext, create_policy
 from fleetserve.gateway.retry import RetryBudget, RetryBudgetConfig
 from fleetserve.gateway.slowstart import SlowStartConfig
+from fleetserve.options import option
 
 log = logging.getLogger(__name__)
 
@@ -44,22 +45,23 @@ REMOVED = "removed"
 class BalancerConfig:
     """Every knob of balancing, flat for the CLI; each component gets its own validated part."""
 
-    policy: str = DEFAULT_POLICY
-    health_interval_s: float = 2.0
-    health_timeout_s: float = 3.0
-    unhealthy_threshold: int = 3
-    healthy_threshold: int = 2
-    consecutive_errors: int = 5
+    policy: str = option(DEFAULT_POLICY, "balancing policy", choices=POLICIES.names)
+    health_interval_s: float = option(2.0, "seconds between readiness probes of each backend",
+                                      flag="--health-interval")
+    health_timeout_s: float = option(3.0, "a readiness probe slower than this fails")
+    unhealthy_threshold: int = option(3, "failed probes in a row that take a backend out")
+    healthy_threshold: int = option(2, "passed probes in a row that bring it back")
+    consecutive_errors: int = option(5, "5xx answers in a row that eject a backend (outlier detection)")
     consecutive_connect_errors: int = 2
-    base_ejection_s: float = 5.0
+    base_ejection_s: float = option(5.0, "first ejection's length; each later one is longer")
     max_ejection_s: float = 300.0
-    max_ejection_percent: float = 50.0
+    max_ejection_percent: float = option(50.0, "never eject more than this share of the backends")
     ejection_decay_s: float = 30.0
-    panic_threshold_percent: float = 50.0
-    slow_start_s: float = 0.0
+    panic_threshold_percent: float = option(50.0, "below this share of routable backends, route over all of them")
+    slow_start_s: float = option(0.0, "ramp a new or recovered backend's share of traffic up over this long")
     slow_start_aggression: float = 1.0
     slow_start_min_weight_percent: float = 10.0
-    retry_budget_percent: float = 20.0
+    retry_budget_percent: float = option(20.0, "retries at most this share of the requests in flight")
     retry_min_concurrency: int = 3
     ewma_tau_s: float = 10.0
     ewma_default_rtt_s: float = 0.05

@@ -13,11 +13,13 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field, replace
 
+from fleetserve.eventloop import LOOPS
 from fleetserve.gateway.balancer import BalancerConfig
 from fleetserve.gateway.edge.config import EdgeConfig
 from fleetserve.gateway.endpoint import Endpoint
 from fleetserve.gateway.hedge import HedgeConfig
 from fleetserve.gateway.upstream import PoolConfig
+from fleetserve.options import option, section
 
 DISCOVERY_KINDS = ("static", "file", "dns")
 
@@ -29,29 +31,34 @@ def _port(name: str, value: int) -> None:
 
 @dataclass(frozen=True)
 class GatewayConfig:
-    host: str = "0.0.0.0"
-    port: int = 8080
-    grpc_port: int = 0  # 0 = no gRPC listener
-    workers: int = 1
-    backends: tuple[str, ...] = ()
-    discovery: str = "static"
-    discovery_file: str | None = None
+    host: str = option("0.0.0.0", "address to listen on")
+    port: int = option(8080, "HTTP port (0: any free port)")
+    grpc_port: int = option(0, "gRPC port balancing KServe ModelInfer per call (0: no gRPC listener)")
+    workers: int = option(1, "worker processes sharing the port through SO_REUSEPORT")
+    backends: tuple[str, ...] = option((), "a replica, repeatable (static discovery), e.g. http://10.0.0.5:8000=2",
+                                       flag="--backend", metavar="URL[=WEIGHT]")
+    discovery: str = option("static", "where the backends come from", choices=DISCOVERY_KINDS)
+    discovery_file: str | None = option(None, "file of URL[=WEIGHT] lines or a YAML/JSON list, re-read when it "
+                                        "changes (--discovery file)", metavar="FILE")
     discovery_poll_s: float = 2.0
-    dns_name: str | None = None
-    dns_port: int = 8000
+    dns_name: str | None = option(None, "DNS name resolving to one address per replica, e.g. a headless Service "
+                                  "(--discovery dns)")
+    dns_port: int = option(8000, "replica HTTP port for --dns-name")
     dns_interval_s: float = 5.0
-    request_timeout_ms: int = 30_000
+    request_timeout_ms: int = option(30_000, "default per-request deadline incl. retries; clients may send "
+                                     "X-Fleetserve-Timeout-Ms", flag="--timeout-ms")
     max_request_timeout_ms: int = 600_000
-    max_body_bytes: int = 16 * 1024 * 1024
+    max_body_bytes: int = option(16 * 1024 * 1024, "largest request body; 413 beyond")
     max_retries: int = 1
     retry_after_s: int = 1
     # A replica's gRPC port: its endpoint label ``grpc_port`` if set, else its HTTP port + this offset.
     backend_grpc_port_offset: int = 1
     health_checks: bool = True
+    loop: str = option("auto", "event loop (auto: uvloop if installed)", choices=LOOPS)
     upstream: PoolConfig = field(default_factory=PoolConfig)
-    balancer: BalancerConfig = field(default_factory=BalancerConfig)
+    balancer: BalancerConfig = section(BalancerConfig, "balancing")
     edge: EdgeConfig = field(default_factory=EdgeConfig)
-    hedge: HedgeConfig = field(default_factory=HedgeConfig)
+    hedge: HedgeConfig = section(HedgeConfig, "hedging")
 
     def __post_init__(self) -> None:
         _port("port", self.port)

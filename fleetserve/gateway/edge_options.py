@@ -13,16 +13,16 @@ JWK's own ``alg`` narrows it); HMAC secrets are configured in the file (``secret
 
 from __future__ import annotations
 
-import argparse
 import json
 import math
-from dataclasses import replace
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
 from fleetserve.gateway.edge import EdgeConfig, JwtConfig, KeySpec, RateLimitRule, ShedConfig
 from fleetserve.gateway.edge.config import parse_networks
 from fleetserve.gateway.edge.jwtconfig import ASYMMETRIC_ALGORITHMS, KeySource
+from fleetserve.options import option
 
 
 def rate_limit(text: str) -> RateLimitRule:
@@ -39,46 +39,82 @@ def rate_limit(text: str) -> RateLimitRule:
         raise ValueError(f"--rate-limit {text}: {exc}") from None
 
 
-def add_edge_arguments(parser: argparse.ArgumentParser) -> None:
-    add = parser.add_argument_group("edge guards (also the edge: section of --config)").add_argument
-    add("--jwt-key", action="append", default=[], metavar="FILE",
-        help="require a bearer JWT verified by this PEM key/certificate or JWK Set file (repeatable)")
-    add("--jwt-algorithm", action="append", default=[], metavar="ALG",
-        help="algorithms the --jwt-key keys allow (repeatable; default: what each key's type can verify)")
-    add("--jwt-issuer", action="append", default=[], metavar="ISS", help="accepted iss (repeatable)")
-    add("--jwt-audience", action="append", default=[], metavar="AUD", help="accepted aud (repeatable)")
-    add("--rate-limit", metavar="RATE[:BURST]",
-        help="token bucket per client IP: RATE requests/s, bursts of BURST (default: one second's worth)")
-    add("--trusted-proxy", action="append", default=[], metavar="CIDR",
-        help="believe X-Forwarded-For from peers in this network (repeatable)")
-    add("--max-inflight", type=int, metavar="N",
-        help="requests in progress at the gateway at most; 503 + Retry-After beyond")
-    add("--replica-max-inflight", type=int, metavar="N",
-        help="requests in flight per replica at most; a full replica is skipped, 503 when all are full")
-
-
-def read_edge_section(config_path: str | None) -> dict[str, Any] | None:
-    """The ``edge:`` mapping of a YAML config file (None when there is no file or no section)."""
-    if not config_path:
+def _mapping_errors(section: Any) -> dict[str, Any] | None:
+    """The config file's ``edge:`` mapping, checked for what only the gateway's own options may set."""
+    if section is None:
         return None
-    import yaml
-
-    try:
-        data = yaml.safe_load(Path(config_path).read_text())
-    except OSError as exc:
-        raise ValueError(f"cannot read config file {config_path}: {exc.strerror}") from None
-    except yaml.YAMLError as exc:
-        raise ValueError(f"config file {config_path} is not valid YAML: {str(exc).splitlines()[0]}") from None
-    if not isinstance(data, dict) or data.get("edge") is None:
-        return None
-    section = data["edge"]
     if not isinstance(section, dict):
-        raise ValueError(f"config file {config_path}: edge must be a mapping, got {type(section).__name__}")
+        raise ValueError(f"edge must be a mapping, got {type(section).__name__}")
     limits = section.get("limits")
     if isinstance(limits, dict) and "max_body_bytes" in limits:
         raise ValueError("edge.limits.max_body_bytes: the body limit is the gateway's max_body_bytes "
                          "(--max-body-bytes, or max_body_bytes: in the config file), one setting for all")
     return section
+
+
+@dataclass(frozen=True)
+class EdgeOptions:
+    """The edge guards' options; :meth:`build` lays them over the config file's ``edge:`` section."""
+
+    jwt_key: tuple[str, ...] = option((), "require a bearer JWT verified by this PEM key/certificate or JWK Set "
+                                      "file (repeatable)", metavar="FILE")
+    jwt_algorithm: tuple[str, ...] = option((), "algorithms the --jwt-key keys allow (repeatable)", metavar="ALG",
+                                            default_text="what each key's type can verify")
+    jwt_issuer: tuple[str, ...] = option((), "accepted iss (repeatable)", metavar="ISS", default_text="any")
+    jwt_audience: tuple[str, ...] = option((), "accepted aud (repeatable)", metavar="AUD", default_text="any")
+    rate_limit: RateLimitRule | None = option(None, "token bucket per client IP: RATE requests/s, bursts of BURST "
+                                              "(default burst: one second's worth)", parse=rate_limit,
+                                              metavar="RATE[:BURST]", default_text="no limit")
+    trusted_proxy: tuple[str, ...] = option((), "believe X-Forwarded-For from peers in this network (repeatable)",
+                                            metavar="CIDR")
+    max_inflight: int | None = option(None, "requests in progress at the gateway at most; 503 + Retry-After "
+                                      "beyond", metavar="N", default_text="no cap")
+    replica_max_inflight: int | None = option(None, "requests in flight per replica at most; a full replica is "
+                                              "skipped, 503 when all are full", metavar="N", default_text="no cap")
+    edge: dict[str, Any] | None = option(None, "the guards' full settings (see EdgeConfig)", file_only=True)
+
+    def build(self) -> EdgeConfig:
+        """The edge config: the file's ``edge:`` section, then the flags (ValueError naming the problem)."""
+        base = EdgeConfig.from_mapping(_mapping_errors(self.edge))
+        try:
+            proxies = parse_networks(list(self.trusted_proxy))
+        except ValueError as exc:
+            raise ValueError(f"--trusted-proxy: {exc}") from None
+        rules = base.rate_limits if self.rate_limit is None else (*base.rate_limits, self.rate_limit)
+        return replace(base, jwt=self._jwt(base.jwt), rate_limits=rules, shedding=self._shedding(base),
+                       trusted_proxies=base.trusted_proxies + proxies)
+
+    def _jwt(self, base: JwtConfig | None) -> JwtConfig | None:
+        algorithms = self.jwt_algorithm
+        keys = tuple(key_spec(path, algorithms) for path in self.jwt_key)
+        if algorithms and not keys:
+            raise ValueError("--jwt-algorithm applies to --jwt-key keys: give at least one --jwt-key")
+        issuers, audiences = self.jwt_issuer, self.jwt_audience
+        if base is None:
+            if not keys:
+                if issuers or audiences:
+                    raise ValueError("--jwt-issuer/--jwt-audience need a --jwt-key (or edge.jwt in the config file)")
+                return None
+            return JwtConfig(keys=keys, issuers=issuers, audiences=audiences)
+        return replace(base, keys=base.keys + keys, issuers=base.issuers + issuers,
+                       audiences=base.audiences + audiences)
+
+    def _shedding(self, base: EdgeConfig) -> ShedConfig | None:
+        shed = base.shedding
+        if self.max_inflight is None and self.replica_max_inflight is None:
+            return shed
+        # Without a global cap of its own, in-flight requests are bounded by connections anyway (one request
+        # at a time on each HTTP/1.1 connection): a cap at that number changes nothing.
+        max_inflight = base.limits.max_connections if shed is None else shed.max_inflight
+        replica = None if shed is None else shed.replica_max_inflight
+        try:
+            return ShedConfig(
+                max_inflight=max_inflight if self.max_inflight is None else self.max_inflight,
+                retry_after_s=ShedConfig.retry_after_s if shed is None else shed.retry_after_s,
+                replica_max_inflight=replica if self.replica_max_inflight is None else self.replica_max_inflight,
+            )
+        except ValueError as exc:
+            raise ValueError(f"--max-inflight/--replica-max-inflight: {exc}") from None
 
 
 def key_spec(path: str, algorithms: tuple[str, ...]) -> KeySpec:
@@ -108,48 +144,3 @@ def _default_algorithms(source: str, path: str, text: str) -> tuple[str, ...]:
     if not allowed:
         raise ValueError("the JWK Set holds no usable signature key")
     return tuple(allowed)
-
-
-def _jwt(base: JwtConfig | None, args: argparse.Namespace) -> JwtConfig | None:
-    algorithms = tuple(args.jwt_algorithm)
-    keys = tuple(key_spec(path, algorithms) for path in args.jwt_key)
-    if algorithms and not keys:
-        raise ValueError("--jwt-algorithm applies to --jwt-key keys: give at least one --jwt-key")
-    issuers, audiences = tuple(args.jwt_issuer), tuple(args.jwt_audience)
-    if base is None:
-        if not keys:
-            if issuers or audiences:
-                raise ValueError("--jwt-issuer/--jwt-audience need a --jwt-key (or edge.jwt in the config file)")
-            return None
-        return JwtConfig(keys=keys, issuers=issuers, audiences=audiences)
-    return replace(base, keys=base.keys + keys, issuers=base.issuers + issuers, audiences=base.audiences + audiences)
-
-
-def _shedding(base: EdgeConfig, args: argparse.Namespace) -> ShedConfig | None:
-    shed = base.shedding
-    if args.max_inflight is None and args.replica_max_inflight is None:
-        return shed
-    # Without a global cap of its own, in-flight requests are bounded by connections anyway (one request
-    # at a time on each HTTP/1.1 connection): a cap at that number changes nothing.
-    max_inflight = base.limits.max_connections if shed is None else shed.max_inflight
-    replica = None if shed is None else shed.replica_max_inflight
-    try:
-        return ShedConfig(
-            max_inflight=max_inflight if args.max_inflight is None else args.max_inflight,
-            retry_after_s=ShedConfig.retry_after_s if shed is None else shed.retry_after_s,
-            replica_max_inflight=replica if args.replica_max_inflight is None else args.replica_max_inflight,
-        )
-    except ValueError as exc:
-        raise ValueError(f"--max-inflight/--replica-max-inflight: {exc}") from None
-
-
-def edge_from_args(args: argparse.Namespace) -> EdgeConfig:
-    """The edge config: the config file's ``edge:`` section, then the flags (ValueError naming the problem)."""
-    base = EdgeConfig.from_mapping(read_edge_section(getattr(args, "config", None)))
-    try:
-        proxies = parse_networks(args.trusted_proxy)
-    except ValueError as exc:
-        raise ValueError(f"--trusted-proxy: {exc}") from None
-    rules = base.rate_limits if args.rate_limit is None else (*base.rate_limits, rate_limit(args.rate_limit))
-    return replace(base, jwt=_jwt(base.jwt, args), rate_limits=rules, shedding=_shedding(base, args),
-                   trusted_proxies=base.trusted_proxies + proxies)

@@ -43,6 +43,8 @@ from collections.abc import Awaitable, Callable, Coroutine
 from dataclasses import dataclass
 from typing import Any, TypeVar
 
+from fleetserve.options import option
+
 T = TypeVar("T")
 
 HEDGED_PATH_SUFFIXES = ("/infer",)
@@ -59,9 +61,11 @@ def hedgeable(method: str, path: str) -> bool:
 class HedgeConfig:
     """``percentile`` 0 (the default) turns hedging off; 99 is the setting measured best."""
 
-    percentile: float = 0.0
+    percentile: float = option(0.0, "hedge an inference call on another replica once it is slower than this "
+                               "percentile of the route's recent latencies, e.g. 99; 0: never",
+                               flag="--hedge-percentile")
     min_delay_ms: float = 1.0
-    max_extra_percent: float = 10.0
+    max_extra_percent: float = option(10.0, "hedges at most this share of requests", flag="--hedge-max-extra-percent")
     burst: float = 20.0
     window: int = 1000
     min_samples: int = 100

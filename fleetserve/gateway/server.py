@@ -5,8 +5,7 @@
 - :func:`run_gateway` blocks until SIGINT/SIGTERM. With ``workers > 1`` it runs that many worker
   processes on one port through SO_REUSEPORT, the kernel spreading connections across them; each
   worker keeps its own balancer state, health checks and metrics, as Envoy's workers do.
-- :func:`add_arguments` / :func:`run` are the ``fleetserve gateway`` command; the edge guard options
-  and the ``edge:`` section of the ``--config`` file are read by :mod:`.edge_options`.
+- ``fleetserve gateway`` is :mod:`.command`.
 
 Every listener runs behind the edge guards of ``config.edge`` (see :mod:`.guards`): middlewares on
 every route, and a connection guard (header-read deadline, connection cap) below HTTP.
@@ -14,7 +13,6 @@ every route, and a connection guard (header-read deadline, connection cap) below
 
 from __future__ import annotations
 
-import argparse
 import asyncio
 import contextlib
 import gc
@@ -27,7 +25,7 @@ import signal
 import sys
 import time
 from collections.abc import AsyncIterator, Callable, Coroutine, Sequence
-from dataclasses import dataclass, fields
+from dataclasses import dataclass
 from types import FrameType
 from typing import Any
 
@@ -36,19 +34,17 @@ from aiohttp import web
 from aiohttp.typedefs import Middleware
 from prometheus_client import CollectorRegistry
 
+from fleetserve.eventloop import loop_factory
 from fleetserve.gateway.app import build_app
-from fleetserve.gateway.balancer import Balancer, BalancerConfig, run_discovery
-from fleetserve.gateway.config import DISCOVERY_KINDS, GatewayConfig
+from fleetserve.gateway.balancer import Balancer, run_discovery
+from fleetserve.gateway.config import GatewayConfig
 from fleetserve.gateway.discovery import Discovery, DnsDiscovery, FileDiscovery, Insert
 from fleetserve.gateway.edge import server_kwargs
-from fleetserve.gateway.edge_options import add_edge_arguments, edge_from_args
 from fleetserve.gateway.grpc_proxy import GrpcProxy, start_grpc_server
-from fleetserve.gateway.guards import EdgeGuards, check_edge
+from fleetserve.gateway.guards import EdgeGuards
 from fleetserve.gateway.health import run_health_checks
-from fleetserve.gateway.hedge import HedgeConfig
 from fleetserve.gateway.listen import guarded_site
 from fleetserve.gateway.metrics import GatewayMetrics
-from fleetserve.gateway.policies import DEFAULT_POLICY, policy_names
 from fleetserve.gateway.proxy import readiness_probe
 from fleetserve.gateway.upstream import UpstreamPools
 from fleetserve.telemetry import logs
@@ -58,7 +54,6 @@ log = logging.getLogger(__name__)
 # Builds extra middlewares of one worker, run inside the edge guards; must pickle (a module-level
 # function or a partial of one).
 MiddlewareFactory = Callable[[CollectorRegistry], Sequence[Middleware]]
-_FIELD_DEFAULTS: dict[str, Any] = {f.name: f.default for f in fields(GatewayConfig)}
 _PRUNE_INTERVAL_S = 5.0
 _SHUTDOWN_GRACE_S = 2.0
 
@@ -192,17 +187,9 @@ def _tune_gc() -> None:
     gc.freeze()
 
 
-def _loop_factory() -> Callable[[], asyncio.AbstractEventLoop] | None:
-    try:
-        import uvloop
-    except ImportError:
-        return None
-    return uvloop.new_event_loop
-
-
 def _run_one(config: GatewayConfig, worker: bool, middlewares: MiddlewareFactory | None) -> int:
     try:
-        with asyncio.Runner(loop_factory=_loop_factory()) as runner:
+        with asyncio.Runner(loop_factory=loop_factory(config.loop)) as runner:
             return runner.run(_serve_until_signalled(config, worker, middlewares))
     except OSError as exc:
         log.error("gateway cannot start on %s:%d: %s", config.host, config.port, exc.strerror or exc)
@@ -251,60 +238,3 @@ def run_gateway(config: GatewayConfig, *, middlewares: MiddlewareFactory | None 
         for signum, handler in previous.items():
             signal.signal(signum, handler)
     return 0 if stopping and all(w.exitcode == 0 for w in workers) else 1
-
-
-def add_arguments(parser: argparse.ArgumentParser) -> None:
-    """The ``fleetserve gateway`` options."""
-    default = _FIELD_DEFAULTS
-    bdefault = BalancerConfig()
-    add = parser.add_argument
-    add("--backend", action="append", default=[], metavar="URL[=WEIGHT]",
-        help="a replica, repeatable (static discovery), e.g. http://10.0.0.5:8000=2")
-    add("--host", default=default["host"], help="address to listen on (default %(default)s)")
-    add("--port", type=int, default=default["port"], help="HTTP port (default %(default)s)")
-    add("--grpc-port", type=int, default=default["grpc_port"],
-        help="gRPC port balancing KServe ModelInfer per call (0 = off, the default)")
-    add("--policy", choices=policy_names(), default=DEFAULT_POLICY, help="balancing policy (default %(default)s)")
-    add("--discovery", choices=DISCOVERY_KINDS, default=default["discovery"],
-        help="where the backends come from (default %(default)s)")
-    add("--discovery-file", help="file of URL[=WEIGHT] lines or a YAML/JSON list, re-read when it changes")
-    add("--dns-name", help="DNS name resolving to one address per replica (e.g. a headless Service)")
-    add("--dns-port", type=int, default=default["dns_port"], help="replica HTTP port for --dns-name")
-    add("--workers", type=int, default=default["workers"],
-        help="worker processes sharing the port via SO_REUSEPORT (default %(default)s)")
-    add("--health-interval", type=float, default=bdefault.health_interval_s,
-        help="seconds between readiness probes of each backend (default %(default)s)")
-    add("--slow-start-s", type=float, default=bdefault.slow_start_s,
-        help="ramp a new or recovered backend's share of traffic up over this many seconds")
-    add("--timeout-ms", type=int, default=default["request_timeout_ms"],
-        help="default per-request deadline incl. retries; clients may send X-Fleetserve-Timeout-Ms "
-             "(default %(default)s)")
-    add("--max-body-bytes", type=int, default=default["max_body_bytes"],
-        help="largest request body accepted; 413 beyond (default %(default)s)")
-    hdefault = HedgeConfig()
-    add("--hedge-percentile", type=float, default=hdefault.percentile,
-        help="hedge an inference call on another replica once it is slower than this percentile of the "
-             "route's recent latencies, e.g. 99; 0 = never (default %(default)s)")
-    add("--hedge-max-extra-percent", type=float, default=hdefault.max_extra_percent,
-        help="hedges at most this share of requests (default %(default)s)")
-    add_edge_arguments(parser)
-
-
-def config_from_args(args: argparse.Namespace) -> GatewayConfig:
-    """A validated config from the parsed options and the ``edge:`` section of ``args.config`` (ValueError
-    naming the bad option)."""
-    balancer = BalancerConfig(policy=args.policy, health_interval_s=args.health_interval,
-                              slow_start_s=args.slow_start_s)
-    return GatewayConfig(
-        host=args.host, port=args.port, grpc_port=args.grpc_port, workers=args.workers,
-        backends=tuple(args.backend), discovery=args.discovery, discovery_file=args.discovery_file,
-        dns_name=args.dns_name, dns_port=args.dns_port, request_timeout_ms=args.timeout_ms,
-        max_body_bytes=args.max_body_bytes, balancer=balancer, edge=edge_from_args(args),
-        hedge=HedgeConfig(percentile=args.hedge_percentile, max_extra_percent=args.hedge_max_extra_percent),
-    )
-
-
-def run(args: argparse.Namespace) -> int:
-    config = config_from_args(args)
-    check_edge(config.edge)
-    return run_gateway(config)

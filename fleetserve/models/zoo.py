@@ -7,12 +7,12 @@ built with ``onnx.helper`` and needs nothing beyond the serving dependencies.
 
 from __future__ import annotations
 
-import importlib
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
 from fleetserve.errors import ModelNotFound
+from fleetserve.importer import import_from_string
 
 
 @dataclass(frozen=True)
@@ -26,8 +26,7 @@ class ZooModel:
     needs_torch: bool
 
     def materializer(self) -> Callable[[Path], None]:
-        module, func = self.materialize.split(":")
-        fn: Callable[[Path], None] = getattr(importlib.import_module(module), func)
+        fn: Callable[[Path], None] = import_from_string(self.materialize)
         return fn
 
 

@@ -19,11 +19,12 @@ from aiohttp import web
 
 from fleetserve.batching.config import BatcherConfig
 from fleetserve.batching.worker import Batcher
-from fleetserve.config import ReplicaConfig
 from fleetserve.engine.builder import build
 from fleetserve.engine.onnxruntime import threads_per_instance
+from fleetserve.eventloop import loop_factory
 from fleetserve.models.tokenizer import TextTokenizer
 from fleetserve.replica.codec import CodecLimits
+from fleetserve.replica.config import ReplicaConfig
 from fleetserve.replica.grpc_server import GrpcServerConfig, GrpcServerHandle, start_grpc_server
 from fleetserve.replica.model import ModelRepository
 from fleetserve.replica.served import BatchedModel
@@ -85,7 +86,7 @@ async def start_replica(config: ReplicaConfig) -> Replica:
     batcher = Batcher(
         engine,
         BatcherConfig(
-            max_batch=config.max_batch, max_delay_s=config.max_delay_ms / 1000,
+            max_batch=config.engine.max_batch, max_delay_s=config.max_delay_ms / 1000,
             preferred_batch_sizes=config.preferred_batch_sizes, max_queue=config.max_queue,
             default_timeout_s=config.default_timeout_ms / 1000 if config.default_timeout_ms else None,
             group_by_length=config.padding != "longest",
@@ -97,7 +98,7 @@ async def start_replica(config: ReplicaConfig) -> Replica:
     )
     await batcher.start()
     model = BatchedModel(
-        name, batcher, engine.inputs, engine.outputs, config.max_batch,
+        name, batcher, engine.inputs, engine.outputs, config.engine.max_batch,
         PLATFORMS.get(built.backend.name, built.backend.name), extra_latency_s=config.extra_latency_ms / 1000,
     )
     repo = ModelRepository([model])
@@ -151,10 +152,5 @@ async def serve(config: ReplicaConfig) -> int:
 
 
 def run(config: ReplicaConfig) -> int:
-    try:
-        import uvloop
-
-        uvloop.install()
-    except ImportError:
-        pass
-    return asyncio.run(serve(config))
+    with asyncio.Runner(loop_factory=loop_factory(config.loop)) as runner:
+        return runner.run(serve(config))

@@ -6,6 +6,8 @@ from __future__ import annotations
 import contextvars
 import logging
 
+LEVELS = ("debug", "info", "warning", "error")
+
 trace_id_var: contextvars.ContextVar[str] = contextvars.ContextVar("fleetserve_trace_id", default="-")
 
 

@@ -1,23 +1,22 @@
-"""``fleetserve bench`` through its argparse surface, against a server in another thread."""
+"""``fleetserve bench`` through its command-line surface, against a server in another thread."""
 
 from __future__ import annotations
 
-import argparse
 import importlib.util
 import json
 from pathlib import Path
 
 import pytest
 
-from fleetserve.bench.command import add_arguments, config_from_args, run
+from fleetserve import cli
+from fleetserve.bench.command import BenchOptions, run
 from fleetserve.bench.report import LoadReport
 from tests.bench.conftest import TargetServer, refused_url
 
 
-def parse(*argv: str) -> argparse.Namespace:
-    parser = argparse.ArgumentParser(prog="fleetserve bench")
-    add_arguments(parser)
-    return parser.parse_args(argv)
+def parse(*argv: str) -> BenchOptions:
+    options: BenchOptions = cli.parse("bench", argv, {})[1]
+    return options
 
 
 def test_bench_prints_writes_json_and_plots(
@@ -70,25 +69,26 @@ def test_no_success_exits_1(capsys: pytest.CaptureFixture[str]) -> None:
 def test_bad_arguments_exit_2_with_a_message(
     argv: tuple[str, ...], message: str, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    assert run(parse("http://127.0.0.1:1", *argv)) == 2
-    assert message in capsys.readouterr().err
+    assert cli.main(["bench", "http://127.0.0.1:1", *argv]) == 2
+    err = capsys.readouterr().err
+    assert message in err and len(err.strip().splitlines()) == 1
 
 
-def test_rate_and_concurrency_are_exclusive() -> None:
-    with pytest.raises(SystemExit):
-        parse("http://h:1", "--rate", "1", "--concurrency", "1")
+def test_rate_and_concurrency_are_exclusive(capsys: pytest.CaptureFixture[str]) -> None:
+    assert cli.main(["bench", "http://h:1", "--rate", "1", "--concurrency", "1"]) == 2
+    assert "exactly one of --rate" in capsys.readouterr().err
 
 
 def test_plot_without_matplotlib_fails_before_sending(
     monkeypatch: pytest.MonkeyPatch, tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
     monkeypatch.setattr(importlib.util, "find_spec", lambda name: None)
-    assert run(parse(refused_url(), "--rate", "10", "--plot", str(tmp_path / "p.png"))) == 2
+    assert cli.main(["bench", refused_url(), "--rate", "10", "--plot", str(tmp_path / "p.png")]) == 2
     assert "matplotlib" in capsys.readouterr().err
 
 
 def test_rows_tokens_and_outputs_reach_the_workload() -> None:
     args = parse("http://h", "--concurrency", "2", "--workload", "v2-binary", "--rows", "32", "--tokens", "128",
                  "--output", "sentence_embedding")
-    workload = config_from_args(args).workload_config()
+    workload = args.config().workload_config()
     assert (workload.rows, workload.tokens, workload.outputs) == (32, 128, ("sentence_embedding",))

@@ -1,4 +1,3 @@
-import argparse
 import subprocess
 from pathlib import Path
 from typing import Any
@@ -6,8 +5,10 @@ from typing import Any
 import pytest
 import yaml
 
+from fleetserve import cli
 from fleetserve.deploy.k8s import BASE_FILES, K8sConfig, manifests, render_k8s
 from fleetserve.deploy.templating import write_tree
+from fleetserve.replica.config import ReplicaConfig
 
 
 def _docs(text: str) -> list[dict[str, Any]]:
@@ -18,14 +19,8 @@ def _by_kind_name(docs: list[dict[str, Any]]) -> dict[tuple[str, str], dict[str,
     return {(d["kind"], d["metadata"]["name"]): d for d in docs}
 
 
-def _parser(module: str) -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser()
-    if module == "serve":
-        from fleetserve.replica.command import add_arguments
-    else:
-        from fleetserve.gateway.server import add_arguments
-    add_arguments(parser)
-    return parser
+def _options(command: str, *argv: str) -> Any:
+    return cli.parse(command, argv, {})[1]
 
 
 @pytest.fixture(scope="module")
@@ -48,12 +43,12 @@ def test_every_file_parses_and_the_stream_holds_the_base() -> None:
 
 
 def test_defaults_match_the_cli_defaults() -> None:
-    serve = _parser("serve").parse_args([])
-    gateway = _parser("gateway").parse_args([])
+    serve: ReplicaConfig = _options("serve", "minilm")
+    gateway = _options("gateway", "--backend", "http://replica:8000").gateway
     config = K8sConfig()
     assert (config.port, config.grpc_port) == (serve.port, serve.grpc_port)
     assert (config.drain_grace_s, config.drain_timeout_s) == (serve.drain_grace_s, serve.drain_timeout_s)
-    assert config.model == serve.model
+    assert config.model == serve.engine.model
     assert (config.gateway_port, config.port) == (gateway.port, gateway.dns_port)
 
 
@@ -61,9 +56,7 @@ def test_replica_args_probes_and_ports_agree(base: dict[tuple[str, str], dict[st
     deployment = base[("Deployment", "fleetserve-replica")]
     container = _container(deployment)
     assert container["command"] == ["fleetserve"] and container["args"][0] == "serve"
-    from fleetserve.replica.command import replica_config
-
-    config = replica_config(_parser("serve").parse_args(container["args"][1:]))
+    config: ReplicaConfig = _options("serve", *container["args"][1:])
     ports = {p["name"]: p["containerPort"] for p in container["ports"]}
     assert ports == {"http": config.port, "grpc": config.grpc_port}
     assert config.engine.model == "minilm" and config.host == "0.0.0.0"
@@ -79,9 +72,7 @@ def test_replica_args_probes_and_ports_agree(base: dict[tuple[str, str], dict[st
 def test_termination_grace_covers_prestop_and_the_replicas_drain(base: dict[tuple[str, str], dict[str, Any]]) -> None:
     deployment = base[("Deployment", "fleetserve-replica")]
     container = _container(deployment)
-    from fleetserve.replica.command import replica_config
-
-    config = replica_config(_parser("serve").parse_args(container["args"][1:]))
+    config: ReplicaConfig = _options("serve", *container["args"][1:])
     sleep = container["lifecycle"]["preStop"]["exec"]["command"]
     assert sleep[0] == "sleep"
     grace = deployment["spec"]["template"]["spec"]["terminationGracePeriodSeconds"]
@@ -95,9 +86,7 @@ def test_replica_service_is_headless_and_the_gateway_resolves_it(base: dict[tupl
     assert service["spec"]["selector"].items() <= replica_labels.items()
     gateway = _container(base[("Deployment", "fleetserve-gateway")])
     assert gateway["args"][0] == "gateway"
-    from fleetserve.gateway.server import config_from_args
-
-    config = config_from_args(_parser("gateway").parse_args(gateway["args"][1:]))
+    config = _options("gateway", *gateway["args"][1:]).config()
     assert config.discovery == "dns"
     assert config.dns_name == service["metadata"]["name"]
     assert config.dns_port == {p["name"]: p["port"] for p in service["spec"]["ports"]}["http"]
@@ -164,8 +153,8 @@ def test_kustomize_builds_base_and_gpu_overlay(kubectl_bin: str, tmp_path: Path)
     replica = gpu[("Deployment", "fleetserve-replica")]
     container = _container(replica)
     assert container["resources"]["limits"] == {"memory": "4Gi", "nvidia.com/gpu": 1}
-    args = _parser("serve").parse_args(container["args"][1:])
-    assert (args.device, args.precision) == ("cuda", "fp16")
+    args: ReplicaConfig = _options("serve", *container["args"][1:])
+    assert (args.engine.device, args.engine.precision) == ("cuda", "fp16")
     assert replica["spec"]["strategy"]["rollingUpdate"] == {"maxSurge": 0, "maxUnavailable": 1}
     assert container["startupProbe"]["failureThreshold"] > _container(
         base[("Deployment", "fleetserve-replica")])["startupProbe"]["failureThreshold"]

@@ -8,10 +8,10 @@ import time
 import numpy as np
 import pytest
 
-from fleetserve.config import EngineConfig
 from fleetserve.engine.base import EngineError, Precision
 from fleetserve.engine.builder import build, engine_cache
 from fleetserve.engine.calibration import calibration_texts
+from fleetserve.engine.config import EngineConfig
 from fleetserve.models.store import ModelStore
 from fleetserve.models.tokenizer import TextTokenizer
 from tests.conftest import needs_torch

@@ -9,6 +9,7 @@ import pytest
 
 from fleetserve.engine import registry
 from fleetserve.engine.base import EngineError, Precision
+from fleetserve.importer import Registry
 
 
 class _GpuOnly:
@@ -58,9 +59,9 @@ def fakes(monkeypatch: pytest.MonkeyPatch) -> None:
     module.Counted = _Counted  # type: ignore[attr-defined]
     _Counted.asked = 0
     monkeypatch.setitem(sys.modules, "fake_backends", module)
-    monkeypatch.setattr(registry, "BACKENDS", {"absent": "fake_backends:Absent", "gpu-only": "fake_backends:GpuOnly",
-                                               "missing": "no_such_module_here:X", "cpu": "fake_backends:Cpu",
-                                               "counted": "fake_backends:Counted"})
+    monkeypatch.setattr(registry, "BACKENDS", Registry("backend", {
+        "absent": "fake_backends:Absent", "gpu-only": "fake_backends:GpuOnly", "missing": "no_such_module_here:X",
+        "cpu": "fake_backends:Cpu", "counted": "fake_backends:Counted"}))
     monkeypatch.setattr(registry, "AUTO_ORDER", ("missing", "absent", "gpu-only", "cpu", "counted"))
 
 

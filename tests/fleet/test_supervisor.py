@@ -2,7 +2,12 @@ from __future__ import annotations
 
 import pytest
 
-from fleetserve.fleet.supervisor import Backoff, FleetConfig, Supervisor
+from fleetserve.engine.base import Precision
+from fleetserve.errors import UsageError
+from fleetserve.fleet.config import FleetConfig, gateway_config, replica_config
+from fleetserve.fleet.supervisor import Backoff, Supervisor, child_environ
+from fleetserve.gateway.config import GatewayConfig
+from fleetserve.replica.config import ReplicaConfig
 
 
 def test_backoff_doubles_caps_and_resets_after_stable_uptime() -> None:
@@ -13,15 +18,35 @@ def test_backoff_doubles_caps_and_resets_after_stable_uptime() -> None:
 
 
 def test_fleet_layout_and_threads() -> None:
-    cfg = FleetConfig(model="tiny", replicas=3, base_port=9000, cores=6, replica_args=("--precision", "int8"))
-    sup = Supervisor(cfg)
+    cfg = FleetConfig(replicas=3, base_port=9000, cores=6)
+    replica, gateway = replica_config("tiny", ("--precision", "int8")), gateway_config(("--policy", "least-pending"))
+    sup = Supervisor(cfg, replica, gateway)
     assert [m.url for m in sup.replicas] == [f"http://127.0.0.1:{p}" for p in (9000, 9002, 9004)]
-    argv = sup.replicas[1].argv
-    assert argv[argv.index("--grpc-port") + 1] == "9003"
-    assert argv[argv.index("--threads") + 1] == "2"
-    assert argv[-2:] == ["--precision", "int8"]
-    gw = sup.gateway.argv
-    assert [gw[i + 1] for i, a in enumerate(gw) if a == "--backend"] == [m.url for m in sup.replicas]
+    second = sup.replicas[1].config
+    assert isinstance(second, ReplicaConfig)
+    assert (second.port, second.grpc_port, second.threads) == (9002, 9003, 2)
+    assert (second.engine.model, second.engine.precision) == ("tiny", Precision.INT8)
+    gateway = sup.gateway.config
+    assert isinstance(gateway, GatewayConfig)
+    assert gateway.backends == tuple(m.url for m in sup.replicas)
+    assert (gateway.port, gateway.balancer.policy) == (8080, "least-pending")
+
+
+def test_a_replica_flag_of_ones_own_wins_over_the_computed_threads() -> None:
+    sup = Supervisor(FleetConfig(replicas=2, cores=8), replica_config("tiny", ("--threads", "1")))
+    assert {m.config.threads for m in sup.replicas} == {1}  # type: ignore[union-attr]
+
+
+def test_children_get_no_fleetserve_options_from_the_environment() -> None:
+    env = child_environ({"FLEETSERVE_BACKEND": "onnxruntime", "FLEETSERVE_HOME": "/models", "PATH": "/bin"})
+    assert env == {"FLEETSERVE_HOME": "/models", "PATH": "/bin"}
+
+
+def test_bad_child_flags_are_a_usage_error_naming_the_option() -> None:
+    with pytest.raises(UsageError, match=r"--replica-args: .*--instances"):
+        replica_config("tiny", ("--instances", "many"))
+    with pytest.raises(UsageError, match="--gateway-args: unrecognized arguments: --nope"):
+        gateway_config(("--nope",))
 
 
 @pytest.mark.parametrize("bad", [{"replicas": 0}, {"backoff_initial_s": 0}, {"backoff_max_s": 0.1}])

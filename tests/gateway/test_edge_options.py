@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import argparse
 import ipaddress
 import json
 import pickle
@@ -13,19 +12,18 @@ import pytest
 from cryptography.hazmat.primitives import serialization
 from cryptography.hazmat.primitives.asymmetric import ec, rsa
 
+from fleetserve import cli
+from fleetserve.gateway.command import GatewayOptions
 from fleetserve.gateway.config import GatewayConfig
 from fleetserve.gateway.edge import EdgeConfig, KeySpec, RateLimitRule
-from fleetserve.gateway.server import add_arguments, config_from_args
 
 BACKEND = ("--backend", "http://127.0.0.1:8000")
 
 
 def parse(*argv: str, config: Path | None = None) -> GatewayConfig:
-    parser = argparse.ArgumentParser()
-    parser.add_argument("--config")
-    add_arguments(parser)
     extra = ("--config", str(config)) if config is not None else ()
-    return config_from_args(parser.parse_args([*BACKEND, *extra, *argv]))
+    options: GatewayOptions = cli.parse("gateway", [*BACKEND, *extra, *argv], {})[1]
+    return options.config()
 
 
 def public_pem(key: rsa.RSAPrivateKey | ec.EllipticCurvePrivateKey) -> bytes:

@@ -3,7 +3,6 @@ and real ``fleetserve gateway`` processes (one, and several workers on one port)
 
 from __future__ import annotations
 
-import argparse
 import asyncio
 import os
 import signal
@@ -19,8 +18,11 @@ import grpc
 import grpc.aio
 import pytest
 
+from fleetserve import cli
 from fleetserve.gateway.balancer import BalancerConfig
-from fleetserve.gateway.server import add_arguments, config_from_args, serve_gateway
+from fleetserve.gateway.command import GatewayOptions
+from fleetserve.gateway.config import GatewayConfig
+from fleetserve.gateway.server import serve_gateway
 from tests.gateway.conftest import FakeReplica, StartGateway, gateway_config
 from tests.procs import free_port
 
@@ -76,24 +78,23 @@ async def test_grpc_listener_runs_with_the_gateway(replicas: StartReplicas, unus
     assert info.value.code() == grpc.StatusCode.UNAVAILABLE
 
 
-def parse(*argv: str) -> argparse.Namespace:
-    parser = argparse.ArgumentParser()
-    add_arguments(parser)
-    return parser.parse_args(argv)
+def config_from_args(*argv: str) -> GatewayConfig:
+    options: GatewayOptions = cli.parse("gateway", argv, {})[1]
+    return options.config()
 
 
 def test_cli_options_become_the_config() -> None:
-    config = config_from_args(parse(
+    config = config_from_args(
         "--backend", "http://10.0.0.1:8000=2", "--backend", "http://10.0.0.2:8000", "--port", "9000",
         "--host", "127.0.0.1", "--grpc-port", "9001", "--policy", "least-pending", "--workers", "3",
-        "--health-interval", "0.5", "--slow-start-s", "30", "--timeout-ms", "1500", "--max-body-bytes", "4096"))
+        "--health-interval", "0.5", "--slow-start-s", "30", "--timeout-ms", "1500", "--max-body-bytes", "4096")
     assert config.backends == ("http://10.0.0.1:8000=2", "http://10.0.0.2:8000")
     assert [ep.weight for ep in config.endpoints()] == [2, 1]
     assert (config.port, config.host, config.grpc_port, config.workers) == (9000, "127.0.0.1", 9001, 3)
     assert (config.request_timeout_ms, config.max_body_bytes) == (1500, 4096)
     assert config.balancer.policy == "least-pending"
     assert (config.balancer.health_interval_s, config.balancer.slow_start_s) == (0.5, 30.0)
-    dns = config_from_args(parse("--discovery", "dns", "--dns-name", "replicas.svc", "--dns-port", "8000"))
+    dns = config_from_args("--discovery", "dns", "--dns-name", "replicas.svc", "--dns-port", "8000")
     assert (dns.discovery, dns.dns_name, dns.dns_port) == ("dns", "replicas.svc", 8000)
 
 
@@ -106,20 +107,18 @@ def test_cli_options_become_the_config() -> None:
 )
 def test_cli_errors_name_the_problem(argv: tuple[str, ...], message: str) -> None:
     with pytest.raises(ValueError, match=message):
-        config_from_args(parse(*argv))
+        config_from_args(*argv)
 
 
 
 
 @pytest.fixture
 def spawn() -> Iterator[Callable[..., subprocess.Popen[str]]]:
-    """Start ``fleetserve gateway`` processes through ``server.run``; kill any left at the end."""
+    """Start ``fleetserve gateway`` processes; kill any left at the end."""
     started: list[subprocess.Popen[str]] = []
-    script = ("import argparse, sys; from fleetserve.gateway import server; p = argparse.ArgumentParser(); "
-              "server.add_arguments(p); sys.exit(server.run(p.parse_args(sys.argv[1:])))")
 
     def start(*argv: str) -> subprocess.Popen[str]:
-        proc = subprocess.Popen([sys.executable, "-c", script, *argv], stdout=subprocess.PIPE,
+        proc = subprocess.Popen([sys.executable, "-m", "fleetserve.cli", "gateway", *argv], stdout=subprocess.PIPE,
                                 stderr=subprocess.STDOUT, text=True)
         started.append(proc)
         return proc

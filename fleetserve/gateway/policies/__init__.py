@@ -6,9 +6,7 @@ balancer builds its policy with :func:`create_policy` and never imports a concre
 
 from __future__ import annotations
 
-import importlib
 import random
-from typing import cast
 
 from fleetserve.gateway.policies.base import (
     Clock,
@@ -18,30 +16,26 @@ from fleetserve.gateway.policies.base import (
     RequestContext,
     StatelessPolicy,
 )
+from fleetserve.importer import Registry
 
 DEFAULT_POLICY = "p2c-peak-ewma"
 
-POLICIES: dict[str, str] = {
+POLICIES: Registry[PolicyFactory] = Registry("balancing policy", {
     "round-robin": "fleetserve.gateway.policies.round_robin:RoundRobin",
     "weighted-round-robin": "fleetserve.gateway.policies.weighted_round_robin:WeightedRoundRobin",
     "least-pending": "fleetserve.gateway.policies.least_pending:LeastPending",
     "p2c-peak-ewma": "fleetserve.gateway.policies.p2c_peak_ewma:P2CPeakEwma",
     "queue-aware": "fleetserve.gateway.policies.queue_aware:QueueAware",
-}
+})
 
 
 def policy_names() -> list[str]:
-    return list(POLICIES)
+    return POLICIES.names()
 
 
 def load_policy(name: str) -> PolicyFactory:
     """Import and return the policy class registered as ``name``."""
-    try:
-        target = POLICIES[name]
-    except KeyError:
-        raise ValueError(f"unknown balancing policy {name!r}; choose one of {', '.join(POLICIES)}") from None
-    module_name, _, attr = target.partition(":")
-    return cast(PolicyFactory, getattr(importlib.import_module(module_name), attr))
+    return POLICIES.load(name)
 
 
 def create_policy(name: str, signals: LoadSignals, *, clock: Clock, rng: random.Random) -> Policy:

@@ -5,7 +5,7 @@ import importlib.util
 
 import pytest
 
-from fleetserve.bench.eventloop import loop_factory
+from fleetserve.eventloop import loop_factory
 
 
 def test_asyncio_loop_on_request() -> None:

@@ -1,0 +1,47 @@
+"""What to build and how to load it: the engine part of ``fleetserve build`` and ``fleetserve serve``."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from fleetserve.engine.base import Precision, ShapeProfile
+from fleetserve.engine.registry import BACKENDS
+from fleetserve.options import option
+
+MODEL_HELP = "minilm, bert-base, tiny, or a path to an .onnx file (a tokenizer.json beside it enables text)"
+
+
+@dataclass(frozen=True)
+class EngineConfig:
+    """One engine: the model, its precision, the backend that runs it and the shapes it is built for."""
+
+    model: str = option("minilm", MODEL_HELP, positional=True, required=True)
+    precision: Precision = option(Precision.FP32, "numeric precision of the engine (int8/fp8 are calibrated)")
+    backend: str = option("auto", "engine backend; auto: the fastest present one that runs the precision",
+                          choices=("auto", *BACKENDS))
+    device: str = option("cpu", "cpu or cuda[:N]")
+    calibration: Path | None = option(None, "unlabelled text, one per line, to calibrate int8/fp8",
+                                      metavar="FILE", default_text="a corpus shipped with fleetserve")
+    int8_method: str | None = option(None, "int8 quantisation: dynamic or static",
+                                     choices=("dynamic", "static"), default_text="the backend's choice")
+    max_batch: int = option(32, "largest batch the engine is built for; also the most rows per engine call")
+    max_seq: int | None = option(None, "longest sequence in tokens", default_text="the model's maximum")
+    accuracy_threshold: float = option(0.99, "refuse a reduced-precision build whose mean cosine vs fp32 is lower")
+    home: Path | None = None  # None = $FLEETSERVE_HOME or ~/.cache/fleetserve
+    options: dict[str, str] = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "precision", Precision(self.precision))
+        if self.max_batch < 1:
+            raise ValueError(f"max_batch must be >= 1, got {self.max_batch}")
+        if self.max_seq is not None and not 1 <= self.max_seq <= 8192:
+            raise ValueError(f"max_seq must be in 1..8192, got {self.max_seq}")
+        if not 0.0 < self.accuracy_threshold <= 1.0:
+            raise ValueError(f"accuracy_threshold must be in (0, 1], got {self.accuracy_threshold}")
+        if self.int8_method not in (None, "dynamic", "static"):
+            raise ValueError(f"int8_method must be dynamic or static, got {self.int8_method!r}")
+
+    def profile(self, model_max_seq: int) -> ShapeProfile:
+        max_seq = min(self.max_seq or model_max_seq, model_max_seq)
+        return ShapeProfile(max_batch=self.max_batch, max_seq=max_seq)
