@@ -39,7 +39,8 @@ import torch
 from fleetserve.engine.base import BuildSpec, Precision, ShapeProfile
 from fleetserve.engine.torch_cuda import TorchCudaBackend, TorchCudaEngine
 from fleetserve.models.tokenizer import TextTokenizer
-from fleetserve.models.torch_models import load_torch_model, minilm_dir
+from fleetserve.models.torch_models import load_torch_model
+from fleetserve.models.weights import minilm_dir
 from fleetserve.telemetry.gpu import GpuMonitor
 
 SEQ = 128

@@ -329,7 +329,7 @@ def seed_store(cfg: RunConfig) -> None:
     import shutil
 
     from fleetserve.models.store import ModelMeta
-    from fleetserve.models.torch_models import minilm_dir
+    from fleetserve.models.weights import minilm_dir
     from fleetserve.models.zoo import get_zoo_model
 
     zoo = get_zoo_model(cfg.model)

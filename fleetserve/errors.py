@@ -62,3 +62,7 @@ class RequestExpired(FleetserveError):
 class UsageError(FleetserveError, ValueError):
     """A user's mistake in a flag, an environment variable, the config file or the command's input: the CLI
     prints the message as one line and exits 2."""
+
+
+class MissingDependency(UsageError):
+    """An optional Python package the chosen feature needs is not installed; the message says how to get it."""

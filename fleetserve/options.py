@@ -331,6 +331,8 @@ def help_formatter(prog: str) -> argparse.HelpFormatter:
 
 def _flag_parser(spec: _Spec, origin: str) -> Callable[[str], Any]:
     def parse(text: str) -> Any:
+        if text is argparse.SUPPRESS:  # argparse converts an absent optional positional's default too
+            return text
         try:
             return spec.item_value(text, origin)
         except UsageError as exc:

@@ -77,7 +77,8 @@ def _runner(session_or_engine: ort.InferenceSession | Engine) -> Callable[[Mappi
 
 
 def build(config: EngineConfig, *, quiet: bool = False, store: ModelStore | None = None) -> BuiltEngine:
-    with tqdm(total=4, desc="build", disable=quiet, unit="step", leave=False) as steps:
+    # disable=None: progress only on a terminal; logs and pipes get the result lines alone.
+    with tqdm(total=4, desc="build", disable=True if quiet else None, unit="step", leave=False) as steps:
         return _build(config, steps, store or ModelStore(config.home))
 
 

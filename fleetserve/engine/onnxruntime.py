@@ -15,10 +15,11 @@ shape allocates once and later runs reuse that memory.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import logging
 import os
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from pathlib import Path
 
 import numpy as np
@@ -81,6 +82,25 @@ def _cpu_threads() -> int:
         return os.cpu_count() or 1
 
 
+class _PreprocessingAdvice(logging.Filter):
+    def filter(self, record: logging.LogRecord) -> bool:
+        return not record.getMessage().startswith("Please consider to run pre-processing before quantization")
+
+
+@contextlib.contextmanager
+def _without_preprocessing_advice() -> Iterator[None]:
+    """Drop ONNX Runtime's advice to run ``quant_pre_process`` (logged on the root logger at every quantization):
+    the graph it quantizes was just shape-inferred, optimized and fused by the transformer optimizer, and the
+    quantized engine's accuracy is checked against fp32 before it is cached."""
+    advice = _PreprocessingAdvice()
+    root = logging.getLogger()
+    root.addFilter(advice)
+    try:
+        yield
+    finally:
+        root.removeFilter(advice)
+
+
 class OnnxRuntimeBackend:
     name = "onnxruntime"
 
@@ -131,6 +151,10 @@ class OnnxRuntimeBackend:
         return report
 
     def _quantize(self, method: str, src: Path, dst: Path, spec: BuildSpec) -> str:
+        with _without_preprocessing_advice():
+            return self._quantize_graph(method, src, dst, spec)
+
+    def _quantize_graph(self, method: str, src: Path, dst: Path, spec: BuildSpec) -> str:
         from onnxruntime.quantization import QuantType, quantize_dynamic
 
         if method == "dynamic":

@@ -166,7 +166,7 @@ def _tokenizer_path(spec: BuildSpec) -> Path:
     local = Path(spec.model_name) / "tokenizer.json"
     if local.is_file():
         return local
-    from fleetserve.models.torch_models import minilm_dir
+    from fleetserve.models.weights import minilm_dir
 
     return minilm_dir() / "tokenizer.json"
 

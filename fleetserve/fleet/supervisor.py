@@ -83,10 +83,11 @@ class Supervisor:
     backends set to the replicas) in front, unless ``fleet.gateway`` is off."""
 
     def __init__(self, fleet: FleetConfig, replica: ReplicaConfig, gateway: GatewayConfig | None = None, *,
-                 log_level: str = "info", clock: Callable[[], float] = time.monotonic) -> None:
+                 log_level: str | None = None, clock: Callable[[], float] = time.monotonic) -> None:
         self.config = fleet
         self.clock = clock
-        self.log_level = log_level
+        # The children log like the parent was asked to (fleetserve's own loggers' level).
+        self.log_level = log_level or logging.getLevelName(logging.getLogger("fleetserve").getEffectiveLevel()).lower()
         self.stopping = False
         self._folder: Path | None = None
         threads = replica.threads or fleet.threads_per_replica()
@@ -126,7 +127,7 @@ class Supervisor:
 
     async def _spawn(self, m: Member) -> None:
         m.process = await asyncio.create_subprocess_exec(
-            sys.executable, "-m", "fleetserve.fleet.child", str(self._config_file(m)),
+            sys.executable, "-m", "fleetserve.fleet.child", str(self._config_file(m)), str(os.getpid()),
             stdin=asyncio.subprocess.DEVNULL, env=child_environ(os.environ),
         )
         m.started = self.clock()
@@ -165,16 +166,22 @@ class Supervisor:
         if self.config.gateway:
             await self._spawn(self.gateway)
 
-    async def wait_ready(self) -> None:
+    async def wait_ready(self, stop: asyncio.Event | None = None) -> bool:
+        """True once every member is ready; False when ``stop`` is set first (Ctrl-C while starting)."""
+        stop = stop or asyncio.Event()
         deadline = self.clock() + self.config.ready_timeout_s
         while self.clock() < deadline:
             await self._poll_ready()
             if all(m.ready for m in self.members):
-                return
+                return True
             for m in self.members:
                 if m.process is not None and m.process.returncode is not None and m.restarts == 0:
                     raise FleetserveError(f"{m.name} exited with {m.process.returncode} during start-up")
-            await asyncio.sleep(0.2)
+            try:
+                await asyncio.wait_for(stop.wait(), timeout=0.2)
+                return False
+            except TimeoutError:
+                pass
         raise FleetserveError(f"fleet not ready after {self.config.ready_timeout_s:.0f} s: {self.status_line()}")
 
     async def stop(self) -> None:
@@ -202,7 +209,8 @@ class Supervisor:
         await self.start()
         watchers = [asyncio.create_task(self._watch(m)) for m in self.members]
         try:
-            await self.wait_ready()
+            if not await self.wait_ready(stop):
+                return
             c = self.config
             if c.gateway:
                 print(f"fleet ready: gateway {self.gateway.url}  (metrics {self.gateway.url}/metrics, "

@@ -25,12 +25,8 @@ def add_admin_routes(app: web.Application, balancer: Balancer, metrics: GatewayM
     async def healthz(request: web.Request) -> web.Response:
         return web.json_response({"status": "ok"})
 
-    warmed = False
-
     async def readyz(request: web.Request) -> web.Response:
-        nonlocal warmed
-        warmed = warmed or any(row["state"] == "healthy" for row in balancer.snapshot())
-        if warmed:
+        if balancer.warmed:
             return web.json_response({"status": "ready"})
         return web.json_response({"status": "no backend has passed its health checks yet"}, status=503,
                                  headers={"Retry-After": "1"})

@@ -201,6 +201,7 @@ class Balancer:
         self._routable: list[Endpoint] = []
         self._all: list[Endpoint] = []
         self._panic = False
+        self._warmed = False
 
     def apply(self, event: Event) -> None:
         if isinstance(event, Insert):
@@ -323,11 +324,19 @@ class Balancer:
         ]
         total = len(self._all)
         panic = total > 0 and len(self._routable) * 100 < self.config.panic_threshold_percent * total
-        if panic != self._panic:
+        if panic != self._panic and self._warmed:
+            # Before any backend has passed its health checks, panic is how every gateway starts: no news.
             level = logging.WARNING if panic else logging.INFO
             log.log(level, "panic %s: %d of %d backends routable", "on" if panic else "off", len(self._routable), total)
         self._panic = panic
+        self._warmed = self._warmed or bool(self._routable)
         self._dirty = False
+
+    @property
+    def warmed(self) -> bool:
+        """Whether some backend has passed its health checks since start (stays true: Envoy's ``/ready``)."""
+        self._refresh(self._clock())
+        return self._warmed
 
     @property
     def active_requests(self) -> int:

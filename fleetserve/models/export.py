@@ -9,6 +9,8 @@ from __future__ import annotations
 import shutil
 from pathlib import Path
 
+from fleetserve.errors import MissingDependency
+
 INPUT_NAMES = ["input_ids", "attention_mask", "token_type_ids"]
 OUTPUT_NAMES = ["last_hidden_state", "sentence_embedding"]
 OPSET = 17
@@ -18,8 +20,8 @@ def export_onnx(name: str, dest: Path) -> None:
     try:
         import torch
     except ImportError:
-        raise RuntimeError(
-            f"exporting {name!r} needs torch (once): pip install 'fleetserve[export]' (torch==2.13.0 CPU)"
+        raise MissingDependency(
+            f"exporting {name!r} to ONNX (once per machine) needs torch: pip install 'fleetserve[export]'"
         ) from None
     from fleetserve.models.torch_models import load_torch_model
 
@@ -45,14 +47,15 @@ def export_onnx(name: str, dest: Path) -> None:
 
 
 def materialize_minilm(directory: Path) -> None:
-    from fleetserve.models.torch_models import minilm_dir
+    from fleetserve.models.weights import minilm_dir
 
+    weights = minilm_dir()  # before torch: a missing package is the first thing to say
     export_onnx("minilm", directory / "model.onnx")
-    shutil.copy(minilm_dir() / "tokenizer.json", directory / "tokenizer.json")
+    shutil.copy(weights / "tokenizer.json", directory / "tokenizer.json")
 
 
 def materialize_bert_base(directory: Path) -> None:
-    from fleetserve.models.torch_models import minilm_dir
+    from fleetserve.models.weights import minilm_dir
 
     export_onnx("bert-base", directory / "model.onnx")
     # BERT-base uses the same uncased WordPiece vocabulary (30522 tokens) as MiniLM.

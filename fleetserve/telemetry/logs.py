@@ -17,13 +17,15 @@ class TraceIdFilter(logging.Filter):
         return True
 
 
-def install(level: str = "INFO") -> None:
-    """Root logging with the trace id on each line (idempotent)."""
+def install(level: str = "info") -> None:
+    """Logging with the trace id on each line: fleetserve's own loggers at ``level``, other libraries' at WARNING
+    unless ``level`` is debug (ONNX Runtime's optimizer and quantizer narrate every fusion at INFO)."""
     root = logging.getLogger()
-    if any(isinstance(f, TraceIdFilter) for h in root.handlers for f in h.filters):
-        return
-    handler = logging.StreamHandler()
-    handler.addFilter(TraceIdFilter())
-    handler.setFormatter(logging.Formatter("%(asctime)s %(levelname)s %(name)s [trace=%(trace_id)s] %(message)s"))
-    root.handlers[:] = [handler]
-    root.setLevel(level.upper())
+    if not any(isinstance(f, TraceIdFilter) for h in root.handlers for f in h.filters):
+        handler = logging.StreamHandler()
+        handler.addFilter(TraceIdFilter())
+        handler.setFormatter(logging.Formatter("%(asctime)s %(levelname)s %(name)s [trace=%(trace_id)s] %(message)s"))
+        root.handlers[:] = [handler]
+    chosen = logging.getLevelName(level.upper())
+    root.setLevel(chosen if chosen <= logging.DEBUG else max(chosen, logging.WARNING))
+    logging.getLogger("fleetserve").setLevel(chosen)

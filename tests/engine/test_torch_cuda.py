@@ -207,7 +207,7 @@ def test_backend_capabilities_without_a_gpu() -> None:
 
 @pytest.fixture(scope="module")
 def model_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    from fleetserve.models.torch_models import minilm_dir
+    from fleetserve.models.weights import minilm_dir
 
     path = tmp_path_factory.mktemp("tiny-bert")
     tiny_model().bert.save_pretrained(str(path))

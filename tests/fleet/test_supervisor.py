@@ -1,11 +1,15 @@
 from __future__ import annotations
 
+import asyncio
+import signal
+import sys
+
 import pytest
 
 from fleetserve.engine.base import Precision
 from fleetserve.errors import UsageError
 from fleetserve.fleet.config import FleetConfig, gateway_config, replica_config
-from fleetserve.fleet.supervisor import Backoff, Supervisor, child_environ
+from fleetserve.fleet.supervisor import Backoff, Member, Supervisor, child_environ
 from fleetserve.gateway.config import GatewayConfig
 from fleetserve.replica.config import ReplicaConfig
 
@@ -53,3 +57,24 @@ def test_bad_child_flags_are_a_usage_error_naming_the_option() -> None:
 def test_fleet_config_validation(bad: dict[str, float]) -> None:
     with pytest.raises(ValueError):
         FleetConfig(**bad)  # type: ignore[arg-type]
+
+
+async def test_a_stop_while_the_fleet_starts_ends_it_without_waiting_for_readiness(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """Ctrl-C during a slow start (an engine build, say) stops the fleet at once, not after ready_timeout_s."""
+    sup = Supervisor(FleetConfig(replicas=1, ready_timeout_s=600), replica_config("tiny"), gateway_config())
+    started: list[asyncio.subprocess.Process] = []
+
+    async def spawn_sleeper(member: Member) -> None:
+        member.process = await asyncio.create_subprocess_exec(sys.executable, "-c", "import time; time.sleep(600)")
+        started.append(member.process)
+
+    monkeypatch.setattr(sup, "_spawn", spawn_sleeper)
+    monkeypatch.setattr("fleetserve.fleet.supervisor.http_ok", lambda url: False)
+    stop = asyncio.Event()
+    run = asyncio.create_task(sup.run(stop))
+    while len(started) < 2:
+        await asyncio.sleep(0.01)
+    stop.set()
+    await asyncio.wait_for(run, timeout=30)
+    assert [p.returncode for p in started] == [-signal.SIGTERM, -signal.SIGTERM]
