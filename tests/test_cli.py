@@ -159,3 +159,21 @@ def test_the_environment_of_one_command_never_reaches_a_child_of_another_kind() 
     _, options, _ = cli.parse("up", ["tiny", "--replicas", "1"], {"FLEETSERVE_BACKEND": "onnxruntime"})
     assert options.replica().engine.backend == "onnxruntime"
     assert options.gateway().backends == ("http://127.0.0.1:1",)  # the placeholder the supervisor replaces
+
+
+def test_the_readme_config_example_means_what_it_says(tmp_path: Path) -> None:
+    from fleetserve import cli
+    from fleetserve.engine.base import Precision
+
+    readme = (Path(__file__).parents[1] / "README.md").read_text()
+    example = readme.split("```yaml\n", 1)[1].split("```", 1)[0]
+    path = tmp_path / "fleetserve.yaml"
+    path.write_text(example)
+    _, serve, _ = cli.parse("serve", ["tiny", "--config", str(path)], {})
+    assert (serve.engine.precision, serve.instances, serve.preferred_batch_sizes) == (Precision.INT8, 2, (8, 16))
+    _, gateway, _ = cli.parse("gateway", ["--config", str(path)], {})
+    config = gateway.config()
+    assert config.backends == ("http://10.0.0.5:8000=2", "http://10.0.0.6:8000")
+    assert [(r.rate, r.burst) for r in config.edge.rate_limits] == [(100, 200)]
+    globals_, _, _ = cli.parse("build", ["tiny", "--config", str(path)], {"FLEETSERVE_LOG_LEVEL": "debug"})
+    assert globals_.log_level == "debug"  # the environment wins over the file
