@@ -8,7 +8,8 @@ is both faster and more accurate than static QDQ, which ONNX Runtime's CPU kerne
 Static calibration (``int8_method=static``) is kept for devices whose kernels favour it.
 
 Runtime: one ``InferenceSession`` per instance, intra-op threads sized so instances × threads does not
-oversubscribe the cores. ``Run`` releases the GIL, so instances execute concurrently from worker threads.
+oversubscribe the cores the process may use (its cgroup CPU quota included, :mod:`fleetserve.engine.cpus`).
+``Run`` releases the GIL, so instances execute concurrently from worker threads.
 ONNX Runtime's CPU memory arena keeps the buffers of the largest shape seen, so warming up at the maximum
 shape allocates once and later runs reuse that memory.
 """
@@ -18,7 +19,6 @@ from __future__ import annotations
 import contextlib
 import json
 import logging
-import os
 from collections.abc import Iterator, Mapping, Sequence
 from pathlib import Path
 
@@ -34,6 +34,7 @@ from fleetserve.engine.base import (
     ShapeProfile,
     TensorSpec,
 )
+from fleetserve.engine.cpus import available_cpus
 
 log = logging.getLogger(__name__)
 
@@ -73,13 +74,6 @@ def _bert_shape(model: onnx.ModelProto) -> tuple[int, int] | None:
             head_dim = 64 if hidden % 64 == 0 and hidden >= 256 else 32
             return max(1, hidden // head_dim), hidden
     return None
-
-
-def _cpu_threads() -> int:
-    try:
-        return len(os.sched_getaffinity(0))
-    except AttributeError:
-        return os.cpu_count() or 1
 
 
 class _PreprocessingAdvice(logging.Filter):
@@ -243,7 +237,7 @@ class OrtEngine:
         self.outputs = _specs(self._first.get_outputs())
 
     def _threads(self) -> int:
-        return self.threads or _cpu_threads()
+        return self.threads or available_cpus()
 
     def _session(self, threads: int) -> ort.InferenceSession:
         opts = ort.SessionOptions()
@@ -270,4 +264,4 @@ class OrtEngine:
 
 def threads_per_instance(instances: int, cores: int | None = None) -> int:
     """Split the cores evenly over instances, at least one thread each."""
-    return max(1, (cores or _cpu_threads()) // max(1, instances))
+    return max(1, (cores or available_cpus()) // max(1, instances))
