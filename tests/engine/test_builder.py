@@ -113,3 +113,15 @@ def test_model_path_build(tmp_path: object) -> None:
     built = build(EngineConfig(model=str(dest)), quiet=True)
     assert built.model.name == "mine"
     assert built.load().instance().infer(_encode("tiny", ["x"]))["sentence_embedding"].shape == (1, 32)
+
+
+def test_an_exported_model_directory_keeps_its_name_and_finds_the_engine_built_from_it(tmp_path: object) -> None:
+    """The image's layout: an exported model copied to a read-only folder; the init container builds from
+    its path into the shared cache and the replica, given the same path, loads that engine."""
+    stored = ModelStore().resolve("tiny")
+    baked = tmp_path / "opt" / "tiny"  # type: ignore[operator]
+    shutil.copytree(stored.directory, baked)
+    first = build(EngineConfig(model=str(baked / "model.onnx"), precision=Precision.INT8), quiet=True)
+    again = build(EngineConfig(model=str(baked / "model.onnx"), precision=Precision.INT8), quiet=True)
+    assert first.model.name == "tiny" and first.model.tokenizer_path == baked / "tokenizer.json"
+    assert again.cache_hit and again.key == first.key
