@@ -6,6 +6,11 @@ thread samples about once a second; Prometheus gauges and the replica's load hea
 sample, so a request never waits on NVML. The monitor only *reads*: it calls no NVML setter (clocks,
 power limits, MIG layout stay as they are).
 
+Each GPU and MIG instance also gets ``fleetserve_gpu_info`` (value 1) naming its model and, for a MIG
+instance, its profile (``1g.18gb``): from NVML's device name where it carries one (``... MIG 1g.18gb``), else
+from its attributes (GPU-instance slices, compute-instance slices, memory rounded up to GiB), the naming
+NVIDIA's Kubernetes device plugin gives ``nvidia.com/mig-<profile>`` resources.
+
 Throttling is NVML's "clocks event reasons" bit mask (``nvmlDeviceGetCurrentClocksEventReasons``, formerly
 "throttle reasons"): software and hardware thermal slowdown count as *thermal*, the software power cap and
 the hardware power brake as *power*. MIG instances report memory; NVML does not report utilization,
@@ -16,6 +21,8 @@ from __future__ import annotations
 
 import importlib
 import logging
+import math
+import re
 import threading
 import time
 from collections.abc import Callable, Sequence
@@ -40,6 +47,7 @@ NVML_DEVICE_MIG_ENABLE = 1
 UTILIZATION_HEADER = "X-Fleetserve-Gpu-Utilization"
 THROTTLED_HEADER = "X-Fleetserve-Gpu-Throttled"
 LABELS = ("gpu", "uuid", "mig")
+_MIG_NAME = re.compile(r"\bMIG ((?:[0-9]+c\.)?[0-9]+g\.[0-9]+gb)\b")
 
 
 @dataclass(frozen=True)
@@ -70,6 +78,7 @@ class GpuSample:
     sm_clock_hertz: float | None
     power_watts: float | None
     throttled: dict[str, bool]
+    profile: str = ""  # MIG profile, e.g. "1g.18gb"; "" for a whole GPU
 
     @property
     def labels(self) -> tuple[str, str, str]:
@@ -81,6 +90,21 @@ class GpuSample:
 
 def _text(value: Any) -> str:
     return value.decode() if isinstance(value, bytes) else str(value)
+
+
+def mig_profile(name: str, attributes: Any) -> str:
+    """A MIG instance's profile from its NVML name, else from ``nvmlDeviceGetAttributes``; "" if neither says."""
+    match = _MIG_NAME.search(name)
+    if match:
+        return match.group(1)
+    try:
+        gi, ci = int(attributes.gpuInstanceSliceCount), int(attributes.computeInstanceSliceCount)
+        gib = math.ceil(int(attributes.memorySizeMB) / 1024)
+    except (AttributeError, TypeError, ValueError):
+        return ""
+    if gi < 1 or gib < 1:
+        return ""
+    return f"{ci}c.{gi}g.{gib}gb" if 0 < ci < gi else f"{gi}g.{gib}gb"
 
 
 class GpuMonitor:
@@ -142,9 +166,11 @@ class GpuMonitor:
             mask = self._throttle_mask(handle)
             if mask is not None:
                 throttled = {reason: bool(mask & bits) for reason, bits in THROTTLE_BITS.items()}
+        name = _text(self._read("nvmlDeviceGetName", handle) or "")
+        profile = mig_profile(name, self._read("nvmlDeviceGetAttributes", handle)) if mig else ""
         return GpuSample(
             gpu=index, uuid=_text(self._read("nvmlDeviceGetUUID", handle) or ""), mig=mig,
-            name=_text(self._read("nvmlDeviceGetName", handle) or ""), time=now,
+            name=name, time=now, profile=profile,
             utilization=None if util is None else float(util.gpu) / 100.0,
             memory_used_bytes=None if mem is None else int(mem.used),
             memory_total_bytes=None if mem is None else int(mem.total),
@@ -202,6 +228,10 @@ class GpuMonitor:
                 "fleetserve_gpu_throttled", "1 while the GPU's clocks are held down for this reason",
                 (*LABELS, "reason"), registry=registry,
             )
+            self._gauges["info"] = Gauge(
+                "fleetserve_gpu_info", "1 per GPU or MIG instance: its model and MIG profile (e.g. 1g.18gb)",
+                (*LABELS, "name", "profile"), registry=registry,
+            )
             if self._latest:
                 self._publish(self._latest)
 
@@ -211,6 +241,9 @@ class GpuMonitor:
                 if field == "throttled":
                     for reason, on in s.throttled.items():
                         gauge.labels(*s.labels, reason).set(1.0 if on else 0.0)
+                    continue
+                if field == "info":
+                    gauge.labels(*s.labels, s.name, s.profile).set(1.0)
                     continue
                 value = getattr(s, field)
                 if value is not None:

@@ -16,6 +16,7 @@ from fleetserve.telemetry.gpu import (
     UTILIZATION_HEADER,
     GpuMonitor,
     GpuMonitorConfig,
+    mig_profile,
 )
 
 
@@ -58,7 +59,13 @@ class FakeNvml:
         return f"GPU-{h[1]}".encode() if h[0] == "gpu" else f"MIG-{h[1]}-{h[2]}".encode()
 
     def nvmlDeviceGetName(self, h: tuple) -> str:
-        return "Fake H200"
+        # Slot 0's name carries its MIG profile; slot 2's does not, so its attributes must tell it.
+        return "NVIDIA H200 MIG 1g.18gb" if h[0] == "mig" and h[2] == 0 else "Fake H200"
+
+    def nvmlDeviceGetAttributes(self, h: tuple) -> SimpleNamespace:
+        if h[0] != "mig":
+            raise NotSupported("attributes of a whole GPU")
+        return SimpleNamespace(gpuInstanceSliceCount=3, computeInstanceSliceCount=3, memorySizeMB=72704)
 
     def nvmlDeviceGetUtilizationRates(self, h: tuple) -> SimpleNamespace:
         self.sampled.set()
@@ -120,6 +127,31 @@ def test_sample_converts_units_and_reads_throttle_reasons() -> None:
     assert g1.throttled == {"thermal": True, "power": True} and g1.power_watts is None
     assert mig.uuid == "MIG-1-0" and mig.memory_used_bytes == 2000 and mig.memory_total_bytes == 8000
     assert mig.utilization is None and mig.temperature_celsius is None and mig.throttled == {}
+
+
+def test_mig_slices_show_their_profile_on_metrics() -> None:
+    mon = monitor()
+    registry = CollectorRegistry()
+    mon.register_metrics(registry)
+    samples = mon.sample()
+    assert [s.profile for s in samples] == ["", "", "1g.18gb", "3g.71gb"]
+    info = {(s.labels["mig"], s.labels["profile"], s.labels["name"]) for family in registry.collect()
+            if family.name == "fleetserve_gpu_info" for s in family.samples if s.value == 1}
+    assert info == {("", "", "Fake H200"), ("10", "1g.18gb", "NVIDIA H200 MIG 1g.18gb"), ("12", "3g.71gb", "Fake H200")}
+
+
+@pytest.mark.parametrize(("name", "attrs", "profile"), [
+    ("NVIDIA A100-SXM4-40GB MIG 1g.5gb", None, "1g.5gb"),
+    ("NVIDIA H100 MIG 1c.2g.20gb", None, "1c.2g.20gb"),
+    ("NVIDIA H100", SimpleNamespace(gpuInstanceSliceCount=2, computeInstanceSliceCount=1, memorySizeMB=20096),
+     "1c.2g.20gb"),
+    ("NVIDIA H200", SimpleNamespace(gpuInstanceSliceCount=7, computeInstanceSliceCount=7, memorySizeMB=143360),
+     "7g.140gb"),
+    ("NVIDIA H200", None, ""),
+    ("NVIDIA H200", SimpleNamespace(gpuInstanceSliceCount=0, computeInstanceSliceCount=0, memorySizeMB=0), ""),
+])
+def test_mig_profile_from_name_or_attributes(name: str, attrs: object, profile: str) -> None:
+    assert mig_profile(name, attrs) == profile
 
 
 def test_only_selected_devices_are_watched() -> None:
