@@ -1,7 +1,9 @@
 """``fleetserve deploy TARGET``: render deployment assets to a file, a folder or stdout.
 
-Targets: ``nginx`` and ``haproxy`` (a proxy config for ``--backend`` replicas), ``k8s`` (the kustomize
-tree with ``--out DIR``, else the base's manifests as one YAML stream), ``prometheus`` (scrape configs
+Targets: ``nginx`` and ``haproxy`` (a proxy config for ``--backend`` replicas, or for those of a
+``--weights-from`` file weighted by measured throughput per GPU model), ``k8s`` (the kustomize tree with
+``--out DIR``: base, components, CPU/GPU/MIG/KEDA overlays, prometheus-adapter rules; else the base's
+manifests as one YAML stream), ``prometheus`` (scrape configs
 and rules, ``--out DIR``), ``grafana`` (the dashboard JSON) and ``all`` (the default tree committed under
 ``deploy/``, ``--out DIR``). One flat option list rather than
 sub-commands, so every option also reads ``FLEETSERVE_<NAME>`` and the config file like other commands;
@@ -40,9 +42,18 @@ class ProxyOptions:
     health_interval_s: float = option(ProxyConfig.health_interval_s, "seconds between HAProxy's readiness checks "
                                       "of each replica", flag="--health-interval")
     prefix: Path | None = option(None, "NGINX: folder for pid, logs and temp files", default_text="NGINX's -p prefix")
+    weights_from: Path | None = option(None, "JSON: measured throughput per GPU model and each backend's model; "
+                                       "the backends, weighted by it (instead of --backend)", metavar="FILE")
 
     def config(self) -> ProxyConfig:
-        return ProxyConfig(backends=self.backend, host=self.host, port=self.port, policy=self.policy,
+        backends = self.backend
+        if self.weights_from is not None:
+            from fleetserve.deploy.weights import weighted_backends
+
+            if backends:
+                raise UsageError("give the backends either with --backend or in --weights-from, not both")
+            backends = weighted_backends(self.weights_from)
+        return ProxyConfig(backends=backends, host=self.host, port=self.port, policy=self.policy,
                            workers=self.workers, maxconn=self.maxconn, timeout_s=self.timeout_s,
                            health_interval_s=self.health_interval_s)
 
@@ -93,7 +104,7 @@ def run(options: DeployOptions) -> int:
         if out is None:
             _emit(manifests(options.k8s), None)
         else:
-            _emit_tree(render_k8s(options.k8s), out)
+            _emit_tree(render_k8s(options.k8s, options.prometheus), out)
     elif target == "prometheus":
         from fleetserve.deploy.monitoring import render_prometheus
 

@@ -37,11 +37,17 @@ def test_backends_from_the_environment(monkeypatch: pytest.MonkeyPatch, capsys: 
     (["deploy", "nginx"], "at least one --backend"),
     (["deploy", "nginx", "--backend", "https://r:1"], "only http://"),
     (["deploy", "k8s", "--replicas", "0"], "replicas must be >= 1"),
+    (["deploy", "k8s", "--mig-profiles", "9g.1gb"], "MIG profile"),
+    (["deploy", "nginx", "--weights-from", "/nonexistent.json"], "cannot read weights file"),
+    (["deploy", "nginx", "--weights-from", "W", "--backend", "http://a:1"], "not both"),
     (["deploy", "prometheus"], "--out DIR"),
     (["deploy", "all"], "--out DIR"),
 ])
-def test_bad_input_is_a_clear_error(argv: list[str], message: str, capsys: pytest.CaptureFixture[str]) -> None:
-    assert main(argv) == 2
+def test_bad_input_is_a_clear_error(argv: list[str], message: str, tmp_path: Path,
+                                    capsys: pytest.CaptureFixture[str]) -> None:
+    weights = tmp_path / "weights.json"
+    weights.write_text('{"gpu_models": {"H200": 100}, "backends": {"http://b:1": "H200"}}')
+    assert main([str(weights) if a == "W" else a for a in argv]) == 2
     assert message in capsys.readouterr().err
 
 
@@ -49,10 +55,13 @@ def test_k8s_stream_and_tree(tmp_path: Path, capsys: pytest.CaptureFixture[str])
     assert main(["deploy", "k8s", "--model", "bert-base", "--replicas", "4"]) == 0
     docs = list(yaml.safe_load_all(capsys.readouterr().out))
     kinds = sorted(d["kind"] for d in docs)
-    assert kinds == ["Deployment", "Deployment", "PodDisruptionBudget", "PodDisruptionBudget", "Service", "Service"]
-    assert main(["deploy", "k8s", "--out", str(tmp_path)]) == 0
-    assert (tmp_path / "base" / "kustomization.yaml").is_file()
-    assert (tmp_path / "overlays" / "gpu" / "kustomization.yaml").is_file()
+    assert kinds == ["ConfigMap", "Deployment", "Deployment", "NetworkPolicy", "PodDisruptionBudget",
+                     "PodDisruptionBudget", "Service", "Service"]
+    assert main(["deploy", "k8s", "--out", str(tmp_path), "--mig-profiles", "2g.35gb"]) == 0
+    for overlay in ("cpu", "keda", "gpu", "mig-2g.35gb"):
+        assert (tmp_path / "overlays" / overlay / "kustomization.yaml").is_file()
+    assert not (tmp_path / "overlays" / "mig-1g.18gb").exists()
+    assert (tmp_path / "prometheus-adapter" / "config.yaml").is_file()
 
 
 def test_committed_deploy_tree_is_what_the_renderer_writes(tmp_path: Path) -> None:
