@@ -38,8 +38,8 @@ class Accelerator:
         if self.whole:
             return ("Settings measured best on an H200 (BENCHMARKS.md section 5): torch-cuda fp16, "
                     f"max batch {self.max_batch}, {self.instances} instances.")
-        return (f"Settings scaled from the whole GPU's by this slice's share of compute: {self.instances} "
-                f"instance(s), max batch {self.max_batch} (derived, not measured on MIG).")
+        return (f"Settings scaled from the whole GPU's by this slice's share of compute: instances "
+                f"{self.instances}, max batch {self.max_batch} (derived, not measured on MIG).")
 
 
 WHOLE_GPU = Accelerator("gpu", "nvidia.com/gpu", WHOLE_GPU_INSTANCES, WHOLE_GPU_MAX_BATCH,

@@ -30,7 +30,7 @@ IMAGE = "localhost/fleetserve-test:tiny"
 DEBIAN_MIRROR = "http://deb.debian.org/debian"
 CA_BUNDLE = Path("/etc/ssl/certs/ca-certificates.crt")
 
-pytestmark = pytest.mark.slow
+pytestmark = [pytest.mark.slow, pytest.mark.timeout(1800)]  # building the image takes minutes
 
 
 def _tool(name: str) -> str:
