@@ -5,10 +5,25 @@ from __future__ import annotations
 
 import contextvars
 import logging
+import sys
+from typing import Any
 
 LEVELS = ("debug", "info", "warning", "error")
 
 trace_id_var: contextvars.ContextVar[str] = contextvars.ContextVar("fleetserve_trace_id", default="-")
+
+
+class _StderrHandler(logging.StreamHandler):
+    """Writes to whatever ``sys.stderr`` is at the time of each record, not the one seen at start-up (test
+    runners and embedding programs swap it; a handler bound to a closed stream reports errors instead)."""
+
+    @property
+    def stream(self) -> Any:
+        return sys.stderr
+
+    @stream.setter
+    def stream(self, value: Any) -> None:
+        del value
 
 
 class TraceIdFilter(logging.Filter):
@@ -22,7 +37,7 @@ def install(level: str = "info") -> None:
     unless ``level`` is debug (ONNX Runtime's optimizer and quantizer narrate every fusion at INFO)."""
     root = logging.getLogger()
     if not any(isinstance(f, TraceIdFilter) for h in root.handlers for f in h.filters):
-        handler = logging.StreamHandler()
+        handler = _StderrHandler()
         handler.addFilter(TraceIdFilter())
         handler.setFormatter(logging.Formatter("%(asctime)s %(levelname)s %(name)s [trace=%(trace_id)s] %(message)s"))
         root.handlers[:] = [handler]
