@@ -1,11 +1,13 @@
 """The default asset tree committed under ``deploy/`` (``fleetserve deploy all --out deploy``).
 
 The proxies front a default ``fleetserve up`` fleet (replicas on 127.0.0.1:8100, 8102, 8104) and listen
-next to its gateway (8080): NGINX on 8090, HAProxy on 8091, so the three can be compared side by side.
+next to its gateway (8080): NGINX on 8090, HAProxy on 8091, Envoy on 8092 (admin 9901), so the four can be
+compared side by side.
 """
 
 from __future__ import annotations
 
+from fleetserve.deploy.envoy import EnvoyConfig, render_envoy_config
 from fleetserve.deploy.haproxy import render_haproxy_config
 from fleetserve.deploy.k8s import K8sConfig, render_k8s
 from fleetserve.deploy.monitoring import MonitoringConfig, render_grafana, render_prometheus
@@ -15,6 +17,7 @@ from fleetserve.deploy.proxy import Backend, ProxyConfig
 LOCAL_REPLICAS = tuple(Backend("127.0.0.1", 8100 + 2 * i) for i in range(3))
 NGINX_PORT = 8090
 HAPROXY_PORT = 8091
+ENVOY_PORT = 8092
 
 
 def default_assets() -> dict[str, str]:
@@ -24,4 +27,5 @@ def default_assets() -> dict[str, str]:
     files["grafana/fleetserve.json"] = render_grafana()
     files["nginx/nginx.conf"] = render_nginx_config(ProxyConfig(LOCAL_REPLICAS, port=NGINX_PORT))
     files["haproxy/haproxy.cfg"] = render_haproxy_config(ProxyConfig(LOCAL_REPLICAS, port=HAPROXY_PORT))
+    files["envoy/envoy.yaml"] = render_envoy_config(EnvoyConfig(LOCAL_REPLICAS, port=ENVOY_PORT))
     return files

@@ -1,10 +1,11 @@
 """``fleetserve deploy TARGET``: render deployment assets to a file, a folder or stdout.
 
 Targets: ``nginx`` and ``haproxy`` (a proxy config for ``--backend`` replicas, or for those of a
-``--weights-from`` file weighted by measured throughput per GPU model), ``k8s`` (the kustomize tree with
-``--out DIR``: base, components, CPU/GPU/MIG/KEDA overlays, prometheus-adapter rules; else the base's
-manifests as one YAML stream), ``prometheus`` (scrape configs
-and rules, ``--out DIR``), ``grafana`` (the dashboard JSON) and ``all`` (the default tree committed under
+``--weights-from`` file weighted by measured throughput per GPU model), ``envoy`` (a static Envoy bootstrap
+for the same replicas with the gateway's balancing defaults and its edge guards as Envoy filters), ``k8s``
+(the kustomize tree with ``--out DIR``: base, components, CPU/GPU/MIG/KEDA overlays, prometheus-adapter
+rules; else the base's manifests as one YAML stream), ``prometheus`` (scrape configs and rules,
+``--out DIR``), ``grafana`` (the dashboard JSON) and ``all`` (the default tree committed under
 ``deploy/``, ``--out DIR``). One flat option list rather than
 sub-commands, so every option also reads ``FLEETSERVE_<NAME>`` and the config file like other commands;
 options a target does not use are ignored.
@@ -16,13 +17,15 @@ import sys
 from dataclasses import dataclass
 from pathlib import Path
 
+from fleetserve.deploy.envoy import ENVOY_POLICIES, EnvoyConfig
 from fleetserve.deploy.k8s import K8sConfig
 from fleetserve.deploy.monitoring import MonitoringConfig
 from fleetserve.deploy.proxy import POLICIES, Backend, ProxyConfig
 from fleetserve.errors import UsageError
+from fleetserve.gateway.command import EdgeOptions
 from fleetserve.options import option, section
 
-TARGETS = ("nginx", "haproxy", "k8s", "prometheus", "grafana", "all")
+TARGETS = ("nginx", "haproxy", "envoy", "k8s", "prometheus", "grafana", "all")
 _POLICY_SPELLINGS = ("round-robin", "least_conn", "roundrobin", "leastconn", "least-conn")
 
 
@@ -39,8 +42,8 @@ class ProxyOptions:
     workers: int = option(ProxyConfig.workers, "NGINX worker processes / HAProxy threads (0: one per core)")
     maxconn: int = option(ProxyConfig.maxconn, "client connections at most")
     timeout_s: float = option(ProxyConfig.timeout_s, "upstream response timeout")
-    health_interval_s: float = option(ProxyConfig.health_interval_s, "seconds between HAProxy's readiness checks "
-                                      "of each replica", flag="--health-interval")
+    health_interval_s: float = option(ProxyConfig.health_interval_s, "seconds between HAProxy's and Envoy's "
+                                      "readiness checks of each replica", flag="--health-interval")
     prefix: Path | None = option(None, "NGINX: folder for pid, logs and temp files", default_text="NGINX's -p prefix")
     weights_from: Path | None = option(None, "JSON: measured throughput per GPU model and each backend's model; "
                                        "the backends, weighted by it (instead of --backend)", metavar="FILE")
@@ -59,12 +62,28 @@ class ProxyOptions:
 
 
 @dataclass(frozen=True)
+class EnvoyOptions:
+    """Envoy's own options; the rest of its balancing settings are the gateway's defaults."""
+
+    envoy_policy: str = option(EnvoyConfig.policy, "least-request: power of two choices on active requests; "
+                               "client-side-weighted-round-robin: weights from the replicas' ORCA reports",
+                               choices=ENVOY_POLICIES)
+    admin_port: int = option(EnvoyConfig.admin_port, "Envoy's admin interface port (on 127.0.0.1)")
+    per_try_timeout_s: float = option(EnvoyConfig.per_try_timeout_s, "Envoy: one attempt's timeout; a timed-out "
+                                      "attempt is retried on another replica")
+    retries: int = option(EnvoyConfig.retries, "Envoy: retries per request (within the retry budget)")
+
+
+@dataclass(frozen=True)
 class DeployOptions:
     target: str = option("all", "what to render; all: the default tree of deploy/", positional=True, required=True,
                          choices=TARGETS)
-    out: Path | None = option(None, "file (nginx, haproxy, grafana) or folder (k8s, prometheus, all)",
+    out: Path | None = option(None, "file (nginx, haproxy, envoy, grafana) or folder (k8s, prometheus, all)",
                               default_text="stdout")
-    proxy: ProxyOptions = section(ProxyOptions, "nginx and haproxy")
+    proxy: ProxyOptions = section(ProxyOptions, "nginx, haproxy and envoy")
+    envoy: EnvoyOptions = section(EnvoyOptions, "envoy")
+    edge: EdgeOptions = section(EdgeOptions, "envoy's edge filters (jwt_authn, local_ratelimit; also the edge: "
+                                "section of --config)")
     k8s: K8sConfig = section(K8sConfig, "k8s")
     prometheus: MonitoringConfig = section(MonitoringConfig, "prometheus")
 
@@ -88,9 +107,28 @@ def _emit_tree(files: dict[str, str], out: Path) -> None:
         print(f"wrote {path}", file=sys.stderr)
 
 
+def envoy_config(options: DeployOptions) -> EnvoyConfig:
+    """The Envoy config the options describe (ValueError naming a bad value)."""
+    proxy, envoy = options.proxy, options.envoy
+    if proxy.policy != ProxyConfig.policy:
+        raise ValueError("--policy is NGINX's and HAProxy's; Envoy's is --envoy-policy")
+    # Through ProxyConfig: --backend or --weights-from, checked the same way for every proxy.
+    return EnvoyConfig(backends=proxy.config().backends, host=proxy.host, port=proxy.port, admin_port=envoy.admin_port,
+                       policy=envoy.envoy_policy, timeout_s=proxy.timeout_s, per_try_timeout_s=envoy.per_try_timeout_s,
+                       retries=envoy.retries, health_interval_s=proxy.health_interval_s, edge=options.edge.build())
+
+
 def run(options: DeployOptions) -> int:
     target, out = options.target, options.out
-    if target == "nginx":
+    if target == "envoy":
+        from fleetserve.deploy.envoy import render_envoy_config
+
+        try:
+            text = render_envoy_config(envoy_config(options))
+        except ValueError as exc:  # a bad value, an unreadable key file, a guard Envoy cannot enforce
+            raise UsageError(str(exc)) from None
+        _emit(text, out)
+    elif target == "nginx":
         from fleetserve.deploy.nginx import render_nginx_config
 
         _emit(render_nginx_config(options.proxy.config(), options.proxy.prefix), out)

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from fleetserve.deploy.local import ProxyUnavailable, find_binary
+from fleetserve.deploy.local import ProxyUnavailable, envoy_binary, find_binary
 
 
 def _binary(name: str) -> str:
@@ -32,3 +32,11 @@ def promtool_bin() -> str:
 @pytest.fixture(scope="session")
 def kubectl_bin() -> str:
     return _binary("kubectl")
+
+
+@pytest.fixture(scope="session")
+def envoy_bin() -> str:
+    try:
+        return envoy_binary()
+    except ProxyUnavailable as exc:
+        pytest.skip(f"{exc}; `make setup` installs the test extra")
