@@ -7,8 +7,9 @@ STAMP     := $(VENV)/.installed
 # the container image in the slow image test (a Debian root file system stands in for the Docker Hub base,
 # which cannot be pulled here). kubectl is no package here: Debian 12's kubernetes-client (1.20) bundles a
 # kustomize too old for the manifests; the machine image ships kubectl 1.32, and the kustomize tests skip
-# with that reason where it is missing.
-APT_PKGS  := nginx haproxy prometheus wrk buildah debootstrap
+# with that reason where it is missing. iproute2 and iptables serve the fault harness's network partitions
+# (network namespaces, veth, packet drop and delay).
+APT_PKGS  := nginx haproxy prometheus wrk buildah debootstrap iproute2 iptables
 PYTEST_ARGS ?=
 
 .PHONY: help setup system-deps test test-all demo bench lint clean

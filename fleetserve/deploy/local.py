@@ -322,3 +322,7 @@ class EnvoyProcess(ForegroundProcess):
                     "weight": int(host.get("weight", 1)), "health": ",".join(flags) or "healthy",
                 }
         return found
+
+    def health_of(self, url: str) -> str:
+        """One replica's ``health`` from :meth:`hosts` (KeyError for a URL Envoy does not know)."""
+        return str(self.hosts()[url]["health"])

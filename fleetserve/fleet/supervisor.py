@@ -57,6 +57,15 @@ def child_environ(environ: Mapping[str, str]) -> dict[str, str]:
     return {k: v for k, v in environ.items() if not k.startswith(ENV_PREFIX) or k in _KEPT_ENV}
 
 
+@dataclass(frozen=True)
+class Placement:
+    """Where one replica runs instead of ``fleet.host``: its listen address and a command prefix that puts the
+    process there (e.g. ``ip netns exec NAME``; it must exec the command, keeping the PID)."""
+
+    host: str
+    prefix: tuple[str, ...] = ()
+
+
 @dataclass
 class Member:
     name: str
@@ -64,6 +73,7 @@ class Member:
     url: str
     ready_path: str
     backoff: Backoff
+    prefix: tuple[str, ...] = ()
     process: asyncio.subprocess.Process | None = None
     started: float = 0.0
     restarts: int = 0
@@ -80,10 +90,12 @@ def http_ok(url: str) -> bool:
 
 class Supervisor:
     """Runs ``replica`` (its ports and threads set per member) ``fleet.replicas`` times and ``gateway`` (its
-    backends set to the replicas) in front, unless ``fleet.gateway`` is off."""
+    backends set to the replicas) in front, unless ``fleet.gateway`` is off. ``placements`` put replica i
+    elsewhere than ``fleet.host`` (the fault harness's network namespaces)."""
 
     def __init__(self, fleet: FleetConfig, replica: ReplicaConfig, gateway: GatewayConfig | None = None, *,
-                 log_level: str | None = None, clock: Callable[[], float] = time.monotonic) -> None:
+                 log_level: str | None = None, clock: Callable[[], float] = time.monotonic,
+                 placements: Mapping[int, Placement] | None = None) -> None:
         self.config = fleet
         self.clock = clock
         # The children log like the parent was asked to (fleetserve's own loggers' level).
@@ -91,14 +103,17 @@ class Supervisor:
         self.stopping = False
         self._folder: Path | None = None
         threads = replica.threads or fleet.threads_per_replica()
+        placements = dict(placements or {})
+        hosts = [placements[i].host if i in placements else fleet.host for i in range(fleet.replicas)]
         self.replicas = [
             Member(
                 f"replica-{i}",
-                replace(replica, host=fleet.host, port=fleet.replica_port(i), grpc_port=fleet.replica_port(i) + 1,
+                replace(replica, host=hosts[i], port=fleet.replica_port(i), grpc_port=fleet.replica_port(i) + 1,
                         threads=threads),
-                f"http://{fleet.host}:{fleet.replica_port(i)}",
+                f"http://{hosts[i]}:{fleet.replica_port(i)}",
                 "/v2/health/ready",
                 Backoff(fleet.backoff_initial_s, fleet.backoff_max_s, fleet.stable_s),
+                placements[i].prefix if i in placements else (),
             )
             for i in range(fleet.replicas)
         ]
@@ -127,7 +142,7 @@ class Supervisor:
 
     async def _spawn(self, m: Member) -> None:
         m.process = await asyncio.create_subprocess_exec(
-            sys.executable, "-m", "fleetserve.fleet.child", str(self._config_file(m)), str(os.getpid()),
+            *m.prefix, sys.executable, "-m", "fleetserve.fleet.child", str(self._config_file(m)), str(os.getpid()),
             stdin=asyncio.subprocess.DEVNULL, env=child_environ(os.environ),
         )
         m.started = self.clock()
@@ -216,7 +231,7 @@ class Supervisor:
                 print(f"fleet ready: gateway {self.gateway.url}  (metrics {self.gateway.url}/metrics, "
                       f"backends {self.gateway.url}/gateway/backends)", flush=True)
             for m in self.replicas:
-                print(f"  {m.name}: {m.url}  grpc {c.host}:{int(m.url.rsplit(':', 1)[1]) + 1}", flush=True)
+                print(f"  {m.name}: {m.url}  grpc {m.config.host}:{int(m.url.rsplit(':', 1)[1]) + 1}", flush=True)
             while not stop.is_set():
                 try:
                     await asyncio.wait_for(stop.wait(), timeout=c.status_interval_s)
