@@ -5,6 +5,9 @@
 - :func:`crash`: SIGKILL, no drain — a pod lost to an OOM kill or a node failure.
 - :func:`rolling_restart`: SIGTERM each replica in turn and wait until the supervisor brought it back
   ready — a Kubernetes rolling update.
+- network partitions (``partition-drop``, ``partition-delay`` in :mod:`fleetserve.bench.scenarios`): the replica
+  runs in its own network namespace and its packets are dropped or delayed, never refused — a node or link
+  that went silent; the namespace and its faults are :class:`fleetserve.bench.netns.NetworkNamespace`.
 Only PIDs of processes this program started are ever signalled.
 """
 
