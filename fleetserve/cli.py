@@ -159,6 +159,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     except ModuleNotFoundError as exc:
         print(f"fleetserve {command}: error: {_missing_dependency(exc)}", file=sys.stderr)
         return 2
+    except OSError as exc:  # a file or folder the user named or set up: unreadable, missing, full
+        print(f"fleetserve {command}: error: {exc}", file=sys.stderr)
+        return 2
     except KeyboardInterrupt:
         return 130
 

@@ -178,3 +178,19 @@ def test_the_readme_config_example_means_what_it_says(tmp_path: Path) -> None:
     assert [(r.rate, r.burst) for r in config.edge.rate_limits] == [(100, 200)]
     globals_, _, _ = cli.parse("build", ["tiny", "--config", str(path)], {"FLEETSERVE_LOG_LEVEL": "debug"})
     assert globals_.log_level == "debug"  # the environment wins over the file
+
+
+def test_a_home_that_cannot_be_written_is_one_line() -> None:
+    """A file-system refusal (here /proc, which even root cannot create folders in) is the user's to fix."""
+    proc = fleetserve("build", "tiny", env={"FLEETSERVE_HOME": "/proc/self/fleetserve-home"})
+    assert proc.returncode == 2 and "/proc/self/fleetserve-home" in proc.stderr
+    assert "Traceback" not in proc.stderr and len(proc.stderr.strip().splitlines()) == 1
+
+
+def test_published_models_and_engines_are_readable_by_other_users(tmp_path: Path) -> None:
+    proc = fleetserve("build", "tiny", env={"FLEETSERVE_HOME": str(tmp_path)})
+    assert proc.returncode == 0, proc.stderr
+    folders = [tmp_path / "models" / "tiny", *(p for p in (tmp_path / "engines").iterdir() if p.is_dir())]
+    assert len(folders) == 2
+    for folder in folders:
+        assert folder.stat().st_mode & 0o005 == 0o005, oct(folder.stat().st_mode)

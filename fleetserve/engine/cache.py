@@ -18,7 +18,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
-from fleetserve.models.store import publish
+from fleetserve.models.store import publish, shared_mode
 
 log = logging.getLogger(__name__)
 
@@ -93,6 +93,7 @@ class EngineCache:
         """Run ``build(tmpdir) -> meta`` and publish its output atomically under ``key``."""
         self.root.mkdir(parents=True, exist_ok=True)
         tmp = Path(tempfile.mkdtemp(prefix=f".{key}-", dir=self.root))
+        tmp.chmod(shared_mode())  # readable by replicas running as another user (an init container builds it)
         try:
             meta = dict(build(tmp))
             files = {

@@ -57,6 +57,13 @@ class StoredModel:
     meta: ModelMeta | None
 
 
+def shared_mode() -> int:
+    """0777 less the process umask: what ``mkdir`` would have given a folder published into a shared home."""
+    umask = os.umask(0)
+    os.umask(umask)
+    return 0o777 & ~umask
+
+
 class ModelStore:
     def __init__(self, home: Path | None = None) -> None:
         self.home = home or fleetserve_home()
@@ -87,6 +94,7 @@ class ModelStore:
         zoo = get_zoo_model(name)
         self.models_dir.mkdir(parents=True, exist_ok=True)
         tmp = Path(tempfile.mkdtemp(prefix=f".{name}-", dir=self.models_dir))
+        tmp.chmod(shared_mode())  # mkdtemp's 0700 would hide the model from other users of a shared home
         try:
             zoo.materializer()(tmp)
             ModelMeta(zoo.name, zoo.hidden_size, zoo.max_seq).write(tmp)
