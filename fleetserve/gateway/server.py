@@ -35,6 +35,7 @@ from aiohttp.typedefs import Middleware
 from prometheus_client import CollectorRegistry
 
 from fleetserve.eventloop import loop_factory
+from fleetserve.gateway import access
 from fleetserve.gateway.app import build_app
 from fleetserve.gateway.balancer import Balancer, run_discovery
 from fleetserve.gateway.config import GatewayConfig
@@ -132,7 +133,8 @@ async def serve_gateway(
         guards = EdgeGuards.create(config.edge, metrics.registry, clock)
         extra = middlewares(metrics.registry) if middlewares else ()
         app = build_app(config, balancer, upstreams, metrics, extra, guards=guards, clock=clock)
-        runner = web.AppRunner(app, access_log=None, handle_signals=False, shutdown_timeout=_SHUTDOWN_GRACE_S,
+        runner = web.AppRunner(app, access_log_class=access.access_logger(metrics), access_log=access.LOGGER,
+                               handle_signals=False, shutdown_timeout=_SHUTDOWN_GRACE_S,
                                **server_kwargs(config.edge.limits))
         await runner.setup()
         site = guarded_site(runner, config.host, config.port, guards.limits, guards.observer, reuse_port=reuse_port)

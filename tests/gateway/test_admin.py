@@ -18,6 +18,8 @@ METRIC_NAMES = (
     "fleetserve_gateway_retry_budget_exhausted_total",
     "fleetserve_gateway_inflight_requests",
     "fleetserve_gateway_backends",
+    "fleetserve_gateway_request_duration_seconds",
+    "process_cpu_seconds_total",
 )
 
 
@@ -87,3 +89,21 @@ async def test_readyz_waits_for_a_healthy_backend_then_stays_ready(replicas: Sta
             gw.balancer.set_probe_result(ep, False)
     async with client.get(gw.url + "/readyz") as res:  # an outage later keeps the gateway in its Service
         assert res.status == 200
+
+
+async def test_end_to_end_latency_counts_proxied_requests_only(replicas: StartReplicas, gateway: StartGateway,
+                                                               client: aiohttp.ClientSession) -> None:
+    (replica,) = await replicas(1)
+    replica.delay_s = 0.02
+    gw = await gateway([replica.url])
+    for path in ("/v2/models/m/infer", "/inference", "/v2/models/m/infer"):
+        async with client.post(gw.url + path, data=b"{}") as res:
+            assert res.status == 200
+    for path in ("/metrics", "/healthz", "/gateway/backends", "/no/such/route"):
+        async with client.get(gw.url + path) as res:
+            await res.read()
+    registry = gw.metrics.registry
+    name = "fleetserve_gateway_request_duration_seconds"
+    assert registry.get_sample_value(f"{name}_count") == 3
+    assert registry.get_sample_value(f"{name}_bucket", {"le": "0.02"}) == 0  # each took the replica's 20 ms
+    assert registry.get_sample_value(f"{name}_sum") >= 0.06

@@ -51,3 +51,22 @@ def test_removed_backends_leave_the_scrape() -> None:
     assert 'fleetserve_gateway_requests_total{backend="none",code="503"} 1.0' in text.decode()
     assert content_type.startswith("text/plain")
     assert states(metrics) == {"unknown": 0, "healthy": 0, "unhealthy": 0, "ejected": 0}
+
+
+def test_a_new_backends_ejection_counter_starts_at_zero() -> None:
+    """Prometheus' increase() sees the first ejection only if the series existed at 0 before it."""
+    metrics = GatewayMetrics()
+    metrics.on_state_change(A, "unknown")
+    assert metrics.registry.get_sample_value("fleetserve_gateway_ejections_total", {"backend": A.url}) == 0.0
+    metrics.on_eject(A)
+    metrics.on_state_change(A, "healthy")
+    assert metrics.registry.get_sample_value("fleetserve_gateway_ejections_total", {"backend": A.url}) == 1.0
+
+
+def test_process_metrics_and_end_to_end_histogram_are_exposed() -> None:
+    metrics = GatewayMetrics()
+    metrics.request_duration.observe(0.012)
+    text = metrics.render()[0].decode()
+    assert "process_cpu_seconds_total" in text and "process_resident_memory_bytes" in text
+    assert 'fleetserve_gateway_request_duration_seconds_bucket{le="0.0125"} 1.0' in text
+    assert 'fleetserve_gateway_request_duration_seconds_bucket{le="0.01"} 0.0' in text
