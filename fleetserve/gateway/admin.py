@@ -1,6 +1,6 @@
 """The gateway's own endpoints: ``/healthz`` (the process is live), ``/readyz`` (ready for traffic),
-``/metrics`` (Prometheus text) and ``/gateway/backends`` (the balancer's per-backend state as JSON, for
-operators and ``fleetserve up``).
+``/metrics`` (Prometheus text), ``/gateway/backends`` (the balancer's per-backend state as JSON, for
+operators and ``fleetserve up``) and the live fleet dashboard (``/dashboard``, fed by ``/gateway/fleet``).
 
 ``/readyz`` turns 200 once some backend has passed its health checks and then stays 200, like Envoy's
 ``/ready`` after initialisation: a new gateway (a rollout, ``fleetserve up``) takes no traffic before it
@@ -13,6 +13,7 @@ from __future__ import annotations
 from aiohttp import web
 
 from fleetserve.gateway.balancer import Balancer
+from fleetserve.gateway.dashboard import add_dashboard_routes
 from fleetserve.gateway.metrics import GatewayMetrics
 
 HEALTHZ_PATH = "/healthz"
@@ -48,3 +49,4 @@ def add_admin_routes(app: web.Application, balancer: Balancer, metrics: GatewayM
     app.router.add_get(READYZ_PATH, readyz, allow_head=False)
     app.router.add_get(METRICS_PATH, metrics_text, allow_head=False)
     app.router.add_get(BACKENDS_PATH, backends, allow_head=False)
+    add_dashboard_routes(app, balancer, metrics, balancer.config.policy)
