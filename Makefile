@@ -3,13 +3,13 @@ VENV      ?= .venv
 PY        := $(VENV)/bin/python
 PIP       := $(PY) -m pip --disable-pip-version-check -q
 STAMP     := $(VENV)/.installed
-# Debian packages the tests and benchmarks drive as real third-party peers; buildah and debootstrap build
-# the container image in the slow image test (a Debian root file system stands in for the Docker Hub base,
-# which cannot be pulled here). kubectl is no package here: Debian 12's kubernetes-client (1.20) bundles a
-# kustomize too old for the manifests; the machine image ships kubectl 1.32, and the kustomize tests skip
-# with that reason where it is missing. iproute2 and iptables serve the fault harness's network partitions
-# (network namespaces, veth, packet drop and delay).
-APT_PKGS  := nginx haproxy prometheus wrk buildah debootstrap iproute2 iptables
+# Debian packages the tests and benchmarks drive as real third-party peers (chromium: the dashboard's
+# browser test); buildah and debootstrap build the container image in the slow image test (a Debian root
+# file system stands in for the Docker Hub base, which cannot be pulled here). kubectl is no package here:
+# Debian 12's kubernetes-client (1.20) bundles a kustomize too old for the manifests; the machine image
+# ships kubectl 1.32, and the kustomize tests skip with that reason where it is missing. iproute2 and
+# iptables serve the fault harness's network partitions (network namespaces, veth, packet drop and delay).
+APT_PKGS  := nginx haproxy prometheus wrk chromium buildah debootstrap iproute2 iptables
 PYTEST_ARGS ?=
 
 .PHONY: help setup system-deps test test-all demo bench lint clean

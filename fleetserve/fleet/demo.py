@@ -47,7 +47,8 @@ async def demo(options: DemoOptions) -> int:
                 return fleet_task.result() or 1
             await asyncio.sleep(0.2)
         url = f"http://{fleet.host}:{fleet.gateway_port}"
-        print(f"\ndriving {options.rate:.0f} requests/s (Poisson, realistic text-length mix) at {url}/inference "
+        print(f"\nwatch it live: {url}/dashboard")
+        print(f"driving {options.rate:.0f} requests/s (Poisson, realistic text-length mix) at {url}/inference "
               f"for {options.duration:.0f} s ...", flush=True)
         report = await run_load(LoadConfig(url=url, rate=options.rate, concurrency=None, duration_s=options.duration,
                                            warmup_s=2.0, workload="texts", model=options.model))

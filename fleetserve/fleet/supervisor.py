@@ -228,8 +228,9 @@ class Supervisor:
                 return
             c = self.config
             if c.gateway:
-                print(f"fleet ready: gateway {self.gateway.url}  (metrics {self.gateway.url}/metrics, "
-                      f"backends {self.gateway.url}/gateway/backends)", flush=True)
+                print(f"fleet ready: gateway {self.gateway.url}  (dashboard {self.gateway.url}/dashboard, "
+                      f"metrics {self.gateway.url}/metrics, backends {self.gateway.url}/gateway/backends)",
+                      flush=True)
             for m in self.replicas:
                 print(f"  {m.name}: {m.url}  grpc {m.config.host}:{int(m.url.rsplit(':', 1)[1]) + 1}", flush=True)
             while not stop.is_set():

@@ -7,7 +7,7 @@ import signal
 import time
 import urllib.request
 
-from tests.procs import free_port, spawn, wait_http
+from tests.procs import Proc, free_port, spawn, wait_http
 
 
 def test_an_engine_backend_in_the_environment_reaches_the_replicas_and_not_the_gateway() -> None:
@@ -24,6 +24,7 @@ def test_an_engine_backend_in_the_environment_reaches_the_replicas_and_not_the_g
                                          headers={"Content-Type": "application/json"})
         with urllib.request.urlopen(request, timeout=10) as r:
             assert len(json.load(r)["embeddings"]) == 1
+        _wait_for_line(proc, f"dashboard {proc.url}/dashboard")
     finally:
         proc.signal(signal.SIGINT)
         code = proc.popen.wait(60)
@@ -31,6 +32,13 @@ def test_an_engine_backend_in_the_environment_reaches_the_replicas_and_not_the_g
     # FLEETSERVE_MAX_QUEUE is `up`'s environment, not the replicas': had it leaked, max_queue 1 < max_batch 32
     # would have stopped the replica at start.
     assert "max_queue" not in proc.output()
+
+
+def _wait_for_line(proc: Proc, text: str, timeout_s: float = 30.0) -> None:
+    deadline = time.monotonic() + timeout_s
+    while text not in proc.output():
+        assert time.monotonic() < deadline, f"{text!r} not printed:\n{proc.output()}"
+        time.sleep(0.05)
 
 
 def _refused(port: int) -> bool:

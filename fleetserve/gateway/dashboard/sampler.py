@@ -180,9 +180,10 @@ class FleetSampler:
         return self._frame
 
     def _base(self, now: float) -> Reading | None:
-        """The newest earlier reading at least ``window_s`` old, else the oldest kept (a young sampler)."""
+        """The newest earlier reading about ``window_s`` old (half a tick of timer jitter allowed), else the
+        oldest kept (a young sampler)."""
         for reading in reversed(self._readings):
-            if now - reading.at >= self._window - 1e-6:
+            if now - reading.at >= self._window - self.interval_s / 2:
                 return reading
         return self._readings[0] if self._readings else None
 

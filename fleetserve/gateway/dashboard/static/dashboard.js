@@ -40,7 +40,7 @@ function draw(canvas, series, tEnd) {
   for (let i = 0; i <= 4; i++) {
     const v = (yMax * i) / 4, yy = Math.round(y(v)) + 0.5;
     ctx.beginPath(); ctx.moveTo(left, yy); ctx.lineTo(w - right, yy); ctx.stroke();
-    ctx.fillText(v >= 10 ? v.toFixed(0) : v.toFixed(1), 4, yy + 3);
+    ctx.fillText(Number.isInteger(v) ? v.toFixed(0) : v.toFixed(v >= 10 ? 1 : 2), 4, yy + 3);
   }
   for (let s = 0; s <= HISTORY_S; s += 30) ctx.fillText(s ? `-${s}s` : "now", x(tEnd - s) - 10, h - 4);
   ctx.lineWidth = 1.5;
@@ -69,7 +69,8 @@ function row(r, urls) {
   const cells = [
     `<span class="swatch" style="background:${colorOf(urls, r.url)}"></span>${esc(r.url)}`,
     `<span class="state-${esc(r.state)}">${esc(r.state)}</span>${r.slow_start ? " (slow start)" : ""}`,
-    `<span class="bar" style="width:${Math.round(60 * r.share)}px"></span>${fmt(100 * r.share, 0)}%`,
+    `<span class="bar" style="width:${Math.round(60 * r.share)}px;background:${colorOf(urls, r.url)}"></span>`
+      + `${fmt(100 * r.share, 0)}%`,
     fmt(r.rps), fmt(r.p50_ms, 2), fmt(r.p99_ms, 2), fmt(r.error_rps), String(r.pending),
     `<span class="${stale}">${fmt(r.reported_queue_depth, 0)}</span>`,
     `<span class="${stale}">${fmt(r.reported_inflight, 0)}</span>`,
