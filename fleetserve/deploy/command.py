@@ -85,7 +85,7 @@ class DeployOptions:
     edge: EdgeOptions = section(EdgeOptions, "envoy's edge filters (jwt_authn, local_ratelimit; also the edge: "
                                 "section of --config)")
     k8s: K8sConfig = section(K8sConfig, "k8s")
-    prometheus: MonitoringConfig = section(MonitoringConfig, "prometheus")
+    prometheus: MonitoringConfig = section(MonitoringConfig, "prometheus and grafana")
 
 
 OPTIONS = DeployOptions
@@ -158,5 +158,5 @@ def run(options: DeployOptions) -> int:
     else:
         from fleetserve.deploy.monitoring import render_grafana
 
-        _emit(render_grafana(), out)
+        _emit(render_grafana(options.prometheus), out)
     return 0

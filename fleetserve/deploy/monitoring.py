@@ -2,14 +2,22 @@
 
 ``prometheus.yml`` scrapes annotated pods through plain Kubernetes pod discovery (no Operator),
 ``prometheus-local.yml`` the static ports of ``fleetserve up``, and ``rules.yml`` records p50/p99
-latency, error ratio, queue depth and gateway ejections and alerts on them. The Grafana dashboard is
-built from a panel list here rather than kept as a hand-edited JSON blob, so every query it shows is
-also visible in one place and checked by the tests against the metric names the code exports.
+latency (replicas by stage, the gateway end to end), error ratio, request rates, queue depth and batch
+size over ``window`` and alerts on them. A recorded series names its window (``..._p99_5m``), so the
+Grafana dashboard, which shows recorded series, is rendered for the same window.
+
+The dashboard is built from the panel list of :func:`panels` rather than kept as a hand-edited JSON blob,
+so every query it shows is visible in one place; the tests check each against the metric names the code
+exports and fail when an exported family appears on no panel (unless listed, with its reason, as one no
+operator acts on). Its data source is a dashboard variable of type ``datasource`` restricted to
+Prometheus: Grafana offers every Prometheus data source it has, the first one is preselected, and each
+panel's queries go to the one chosen (``${datasource}``), so the JSON names no data source of its own.
 """
 
 from __future__ import annotations
 
 import json
+import re
 from dataclasses import dataclass
 from typing import Any
 
@@ -17,6 +25,7 @@ from fleetserve.deploy.templating import render
 from fleetserve.options import option
 
 DASHBOARD_UID = "fleetserve"
+_DURATION = re.compile(r"[1-9][0-9]*[smh]")
 
 
 @dataclass(frozen=True)
@@ -24,6 +33,8 @@ class MonitoringConfig:
     """Alert thresholds and scrape targets. Times are seconds."""
 
     scrape_interval_s: int = 15
+    window: str = option("5m", "range of the recorded rates and quantiles (a Prometheus duration: 30s, 5m, 1h); "
+                         "the recorded series' names end in it")
     # The seed's ranking service ran at 18 ms; 50 ms leaves room for peaks.
     p99_seconds: float = option(0.05, "p99 latency alert threshold")
     error_ratio: float = option(0.01, "5xx ratio alert threshold")
@@ -36,6 +47,8 @@ class MonitoringConfig:
     def __post_init__(self) -> None:
         if self.scrape_interval_s < 1:
             raise ValueError(f"scrape_interval_s must be >= 1, got {self.scrape_interval_s}")
+        if not _DURATION.fullmatch(self.window):
+            raise ValueError(f"window must be a Prometheus duration such as 30s, 5m or 1h, got {self.window!r}")
         if not self.p99_seconds > 0:
             raise ValueError(f"p99_seconds must be > 0, got {self.p99_seconds}")
         if not 0 < self.error_ratio < 1:
@@ -58,41 +71,91 @@ def render_prometheus(config: MonitoringConfig) -> dict[str, str]:
         "error_ratio_percent": f"{config.error_ratio * 100:g}",
         "queue_depth": config.queue_depth,
         "ejections": config.ejections,
+        "window": config.window,
     }
     return {name: render(f"prometheus/{name}", values)
             for name in ("prometheus.yml", "prometheus-local.yml", "rules.yml")}
 
 
-# (title, unit, [(PromQL, legend)]): two panels per row, in this order.
-PANELS: tuple[tuple[str, str, tuple[tuple[str, str], ...]], ...] = (
-    ("Replica requests by status", "reqps",
-     (('sum by (code) (rate(fleetserve_requests_total[$__rate_interval]))', "{{code}}"),)),
-    ("Replica 5xx ratio", "percentunit",
-     (("fleetserve:request_errors:ratio_rate5m", "{{model}}"),)),
-    ("Replica latency p50 / p99 (total)", "s",
-     (('fleetserve:request_duration_seconds:p50_5m{stage="total"}', "p50 {{model}}"),
-      ('fleetserve:request_duration_seconds:p99_5m{stage="total"}', "p99 {{model}}"))),
-    ("Replica latency p99 by stage", "s",
-     (('fleetserve:request_duration_seconds:p99_5m{stage=~"queue|compute"}', "{{stage}}"),)),
-    ("Queue depth per replica", "short",
-     (("fleetserve_queue_depth", "{{instance}}"),)),
-    ("In-flight requests per replica", "short",
-     (("fleetserve_inflight_requests", "{{instance}}"),)),
-    ("Mean batch size", "short",
-     (("fleetserve:batch_size:mean_5m", "{{model}}"),)),
-    ("GPU utilization", "percentunit",
-     (("fleetserve_gpu_utilization_ratio", "{{instance}}"),)),
-    ("Gateway requests by backend", "reqps",
-     (('sum by (backend) (rate(fleetserve_gateway_requests_total[$__rate_interval]))', "{{backend}}"),)),
-    ("Gateway upstream p99", "s",
-     (("fleetserve:gateway_upstream_duration_seconds:p99_5m", "p99"),)),
-    ("Gateway backends by state", "short",
-     (("sum by (state) (fleetserve_gateway_backends)", "{{state}}"),)),
-    ("Gateway ejections and retries", "short",
-     (("sum by (backend) (increase(fleetserve_gateway_ejections_total[$__rate_interval]))", "ejected {{backend}}"),
-      ("sum(increase(fleetserve_gateway_retries_total[$__rate_interval]))", "retries"))),
-)
+Panel = tuple[str, str, tuple[tuple[str, str], ...]]  # (title, unit, [(PromQL, legend)])
+_RATE = "[$__rate_interval]"
 
+
+def _quantiles(series: str, by: str, legend: str) -> tuple[tuple[str, str], ...]:
+    return tuple((f"histogram_quantile({q}, sum by ({by}le) (rate({series}_bucket{_RATE})))", f"p{q * 100:g} {legend}")
+                 for q in (0.5, 0.99))
+
+
+def panels(window: str = "5m") -> tuple[Panel, ...]:
+    """The dashboard's panels, two per row in this order; recorded series are those of ``window``."""
+    return (
+        # Replicas: traffic, errors, latency.
+        ("Replica requests by status", "reqps",
+         (("sum by (code) (rate(fleetserve_requests_total[$__rate_interval]))", "{{code}}"),)),
+        ("Replica 5xx ratio", "percentunit",
+         ((f"fleetserve:request_errors:ratio_rate{window}", "{{model}}"),)),
+        ("Replica latency p50 / p99 (total)", "s",
+         ((f'fleetserve:request_duration_seconds:p50_{window}{{stage="total"}}', "p50 {{model}}"),
+          (f'fleetserve:request_duration_seconds:p99_{window}{{stage="total"}}', "p99 {{model}}"))),
+        ("Replica latency p99 by stage", "s",
+         ((f'fleetserve:request_duration_seconds:p99_{window}{{stage=~"queue|compute"}}', "{{stage}}"),)),
+        # Replicas: load and batching.
+        ("Queue depth per replica", "short",
+         (("fleetserve_queue_depth", "{{instance}}"),)),
+        ("In-flight requests per replica", "short",
+         (("fleetserve_inflight_requests", "{{instance}}"),)),
+        ("Mean batch size", "short",
+         ((f"fleetserve:batch_size:mean_{window}", "{{model}}"),)),
+        ("Padded sequence length per batch", "short",
+         _quantiles("fleetserve_batch_sequence_length", "model, ", "{{model}}")),
+        ("Replica refusals: full queue, expired deadline; truncated texts", "reqps",
+         (("sum by (model) (rate(fleetserve_requests_rejected_total[$__rate_interval]))", "queue full {{model}}"),
+          ("sum by (model) (rate(fleetserve_requests_expired_total[$__rate_interval]))", "expired {{model}}"),
+          ("sum by (model) (rate(fleetserve_texts_truncated_total[$__rate_interval]))", "truncated {{model}}"))),
+        # GPUs (NVML; absent on CPU replicas).
+        ("GPU utilization", "percentunit",
+         (("fleetserve_gpu_utilization_ratio", "{{instance}} {{gpu}}"),)),
+        ("GPU memory used", "percentunit",
+         (("fleetserve_gpu_memory_used_bytes / fleetserve_gpu_memory_total_bytes", "{{instance}} {{gpu}}"),)),
+        ("GPU power draw", "watt",
+         (("fleetserve_gpu_power_watts", "{{instance}} {{gpu}}"),)),
+        ("GPU temperature", "celsius",
+         (("fleetserve_gpu_temperature_celsius", "{{instance}} {{gpu}}"),)),
+        ("GPU SM clock", "hertz",
+         (("fleetserve_gpu_sm_clock_hertz", "{{instance}} {{gpu}}"),)),
+        ("GPUs held back, by throttle reason", "short",
+         (("sum by (reason) (fleetserve_gpu_throttled)", "{{reason}}"),)),
+        # Gateway.
+        ("Gateway requests by backend", "reqps",
+         (("sum by (backend) (rate(fleetserve_gateway_requests_total[$__rate_interval]))", "{{backend}}"),)),
+        ("Gateway end-to-end latency p50 / p99", "s",
+         ((f"fleetserve:gateway_request_duration_seconds:p50_{window}", "p50"),
+          (f"fleetserve:gateway_request_duration_seconds:p99_{window}", "p99"))),
+        ("Gateway upstream attempt latency p50 / p99 by backend", "s",
+         _quantiles("fleetserve_gateway_upstream_duration_seconds", "backend, ", "{{backend}}")),
+        ("Gateway backends by state", "short",
+         (("sum by (state) (fleetserve_gateway_backends)", "{{state}}"),)),
+        ("Gateway ejections and retries", "short",
+         (("sum by (backend) (increase(fleetserve_gateway_ejections_total[$__rate_interval]))", "ejected {{backend}}"),
+          ("sum(increase(fleetserve_gateway_retries_total[$__rate_interval]))", "retries"),
+          ("sum(increase(fleetserve_gateway_retry_budget_exhausted_total[$__rate_interval]))",
+           "retries refused: budget spent"))),
+        ("Gateway hedges", "reqps",
+         (("sum by (outcome) (rate(fleetserve_gateway_hedges_total[$__rate_interval]))", "hedge {{outcome}}"),
+          ("sum by (reason) (rate(fleetserve_gateway_hedges_skipped_total[$__rate_interval]))",
+           "skipped: {{reason}}"))),
+        ("Gateway edge rejections by reason", "reqps",
+         (("sum by (reason) (rate(fleetserve_gateway_rejected_total[$__rate_interval]))", "{{reason}}"),)),
+        ("Gateway in-flight requests and rate-limit buckets", "short",
+         (("sum by (instance) (fleetserve_gateway_inflight_requests)", "in flight {{instance}}"),
+          ("sum by (instance, prefix) (fleetserve_gateway_ratelimit_entries)", "buckets {{prefix}} {{instance}}"))),
+        # Processes.
+        ("Process CPU (cores)", "short",
+         (('sum by (component, instance) (rate(process_cpu_seconds_total{job="fleetserve"}[$__rate_interval]))',
+           "{{component}} {{instance}}"),)),
+        ("Process resident memory", "bytes",
+         (('process_resident_memory_bytes{job="fleetserve"}', "{{component}} {{instance}}"),)),
+    )
 
 def _panel(index: int, title: str, unit: str, queries: tuple[tuple[str, str], ...]) -> dict[str, Any]:
     datasource = {"type": "prometheus", "uid": "${datasource}"}
@@ -111,8 +174,10 @@ def _panel(index: int, title: str, unit: str, queries: tuple[tuple[str, str], ..
     }
 
 
-def render_grafana() -> str:
-    """The Grafana dashboard JSON (datasource chosen on import through the ``datasource`` variable)."""
+def render_grafana(config: MonitoringConfig | None = None) -> str:
+    """The Grafana dashboard JSON for the recorded series of ``config.window`` (data source chosen in
+    Grafana through the ``datasource`` variable)."""
+    window = (config or MonitoringConfig()).window
     dashboard = {
         "uid": DASHBOARD_UID,
         "title": "fleetserve",
@@ -125,6 +190,6 @@ def render_grafana() -> str:
         "templating": {"list": [
             {"name": "datasource", "label": "Prometheus", "type": "datasource", "query": "prometheus"},
         ]},
-        "panels": [_panel(i, *panel) for i, panel in enumerate(PANELS)],
+        "panels": [_panel(i, *panel) for i, panel in enumerate(panels(window))],
     }
     return json.dumps(dashboard, indent=2) + "\n"

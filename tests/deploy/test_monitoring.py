@@ -8,25 +8,52 @@ from typing import Any
 import pytest
 import yaml
 
-from fleetserve.deploy.monitoring import PANELS, MonitoringConfig, render_grafana, render_prometheus
+from fleetserve.deploy.monitoring import MonitoringConfig, panels, render_grafana, render_prometheus
 from fleetserve.deploy.templating import write_tree
 
 DATA = Path(__file__).parent / "data"
-GPU_SOURCE = Path(__file__).parents[2] / "fleetserve" / "telemetry" / "gpu.py"
+PACKAGE = Path(__file__).parents[2] / "fleetserve"
+GPU_SOURCE = PACKAGE / "telemetry" / "gpu.py"
 _SUFFIXES = {"counter": ("_total",), "histogram": ("_bucket", "_sum", "_count"), "gauge": ("",), "info": ("_info",)}
+_SERIES_SUFFIX = re.compile(r"_(?:total|bucket|sum|count|created|info)$")
+# Exported families no dashboard panel needs, each with the reason an operator does not act on it.
+NOT_ON_A_PANEL = {
+    # The replica's --instances setting, constant while it runs: configuration, not a signal.
+    "fleetserve_engine_instances",
+}
+
+
+def _registries() -> list[Any]:
+    """The registries of a replica and of a gateway with every optional part on (a rate-limit rule registers
+    its bucket-table gauge); the NVML gauges are read from their source below. A new metrics object belongs
+    here, or the source scan fails."""
+    from fleetserve.gateway.edge import EdgeConfig, RateLimitRule
+    from fleetserve.gateway.guards import EdgeGuards
+    from fleetserve.gateway.metrics import GatewayMetrics
+    from fleetserve.telemetry.metrics import ReplicaMetrics
+
+    gateway = GatewayMetrics().registry
+    EdgeGuards.create(EdgeConfig(rate_limits=(RateLimitRule(rate=100.0, burst=10),)), gateway)
+    return [ReplicaMetrics("m").registry, gateway]
 
 
 def _exported_series() -> set[str]:
     """Every series name the replica and gateway metrics objects can expose, plus the NVML gauges."""
-    from fleetserve.gateway.metrics import GatewayMetrics
-    from fleetserve.telemetry.metrics import ReplicaMetrics
-
     names = set()
-    for registry in (ReplicaMetrics("m").registry, GatewayMetrics().registry):
+    for registry in _registries():
         for family in registry.collect():
             names |= {family.name + s for s in _SUFFIXES.get(family.type, ("",))}
     names |= set(re.findall(r'"(fleetserve_gpu_[a-z_]+)"', GPU_SOURCE.read_text()))
     return names
+
+
+def _family(series: str) -> str:
+    return _SERIES_SUFFIX.sub("", series)
+
+
+def _exported_families() -> set[str]:
+    """fleetserve's own metric families (process_* and python_* come from prometheus_client)."""
+    return {_family(name) for name in _exported_series() if name.startswith("fleetserve_")}
 
 
 def _rules(config: MonitoringConfig | None = None) -> list[dict[str, Any]]:
@@ -34,14 +61,58 @@ def _rules(config: MonitoringConfig | None = None) -> list[dict[str, Any]]:
     return [rule for group in yaml.safe_load(text)["groups"] for rule in group["rules"]]
 
 
+def _panel_queries(window: str = "5m") -> list[str]:
+    return [expr for _, _, queries in panels(window) for expr, _ in queries]
+
+
 def _queries() -> list[str]:
-    return [rule["expr"] for rule in _rules()] + [expr for _, _, queries in PANELS for expr, _ in queries]
+    return [rule["expr"] for rule in _rules()] + _panel_queries()
+
+
+_METRIC = re.compile(r"\b(?:fleetserve|process)_[a-z_]+")
 
 
 def test_every_metric_queried_is_one_the_code_exports() -> None:
     exported = _exported_series()
-    used = {name for expr in _queries() for name in re.findall(r"\bfleetserve_[a-z_]+", expr)}
+    used = {name for expr in _queries() for name in _METRIC.findall(expr)}
     assert used and used <= exported, used - exported
+
+
+def test_every_exported_family_is_on_a_panel_or_listed_as_not_acted_on() -> None:
+    """A panel showing a recorded series covers the families of that rule's expression."""
+    recorded = {rule["record"]: rule["expr"] for rule in _rules() if "record" in rule}
+    shown = set()
+    for expr in _panel_queries():
+        expanded = expr + " ".join(recorded[name] for name in re.findall(r"\bfleetserve:[a-z0-9_:]+", expr))
+        shown |= {_family(name) for name in _METRIC.findall(expanded)}
+    exported = _exported_families()
+    assert exported >= NOT_ON_A_PANEL, NOT_ON_A_PANEL - exported  # no stale excuses
+    missing = exported - shown - NOT_ON_A_PANEL
+    assert not missing, f"exported but on no Grafana panel: {sorted(missing)}"
+
+
+def test_every_metric_the_package_creates_is_counted_above() -> None:
+    """Scan the source for metric constructors, so a new metrics object cannot hide from the coverage test."""
+    created = set()
+    pattern = re.compile(r'(?:Counter|Gauge|Histogram|Summary|Info|MetricFamily)\(\s*"(fleetserve_[a-z_]+)"'
+                         r'|^[A-Z_]+ = "(fleetserve_[a-z_]+)"$', re.M)
+    for path in PACKAGE.rglob("*.py"):
+        for match in pattern.finditer(path.read_text()):
+            created.add(_family(match.group(1) or match.group(2)))
+    assert created and created <= _exported_families(), created - _exported_families()
+
+
+def test_recorded_names_and_the_dashboard_follow_the_window() -> None:
+    files = render_prometheus(MonitoringConfig(window="20s"))
+    records = {rule["record"] for group in yaml.safe_load(files["rules.yml"])["groups"] for rule in group["rules"]
+               if "record" in rule}
+    assert "fleetserve:gateway_requests:rate20s" in records and not any(r.endswith("5m") for r in records)
+    assert "[20s]" in files["rules.yml"] and "[5m]" not in files["rules.yml"]
+    used = set(re.findall(r"\bfleetserve:[a-z0-9_:]+", render_grafana(MonitoringConfig(window="20s"))))
+    assert used and used <= records, used - records
+    for bad in ("5", "5 m", "0s", "1d"):
+        with pytest.raises(ValueError, match="window"):
+            MonitoringConfig(window=bad)
 
 
 def test_every_recording_rule_queried_is_defined() -> None:
@@ -81,10 +152,14 @@ def test_scrape_configs_keep_annotated_pods_and_the_local_fleet() -> None:
     assert targets == {"gateway": ["127.0.0.1:9999"], "replica": ["127.0.0.1:9000", "127.0.0.1:9002"]}
 
 
+def _panel_titles() -> list[str]:
+    return [title for title, _, _ in panels()]
+
+
 def test_grafana_dashboard_is_well_formed() -> None:
     dashboard = json.loads(render_grafana())
     panels = dashboard["panels"]
-    assert len(panels) == len(PANELS)
+    assert len(panels) == len(_panel_titles())
     assert len({p["id"] for p in panels}) == len(panels)
     positions = {(p["gridPos"]["x"], p["gridPos"]["y"]) for p in panels}
     assert len(positions) == len(panels)  # no two panels overlap
