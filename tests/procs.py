@@ -91,3 +91,18 @@ def replica(model: str = "tiny", *extra: str, grpc: bool = True, ready: bool = T
         yield proc
     finally:
         proc.stop()
+
+
+@contextlib.contextmanager
+def gateway(backends: list[str], *extra: str) -> Iterator[Proc]:
+    """``fleetserve gateway`` in front of ``backends``, ready once its ``/readyz`` answers 200."""
+    port = free_port()
+    args = ["gateway", "--host", "127.0.0.1", "--port", str(port), "--health-interval", "0.3"]
+    for url in backends:
+        args += ["--backend", url]
+    proc = spawn([*args, *extra], port)
+    try:
+        wait_http(f"{proc.url}/readyz", timeout=30, proc=proc)
+        yield proc
+    finally:
+        proc.stop()

@@ -5,17 +5,16 @@ replica leave the healthy state. Saves ``out/dashboard.png`` (the README's scree
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import json
 import signal
-from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
 
 import aiohttp
 import pytest
 
 from fleetserve.bench.browser import BrowserUnavailable, Page, find_chromium, launch
-from tests.procs import Proc, free_port, replica, spawn, wait_http
+from tests.procs import gateway, replica
+from tests.steady_load import steady_load
 
 OUT = Path(__file__).parents[2] / "out"
 RATE = 25.0  # requests/s of load: enough for every replica to show traffic and latency, light on 2 cores
@@ -27,47 +26,6 @@ def chromium() -> str:
         return find_chromium()
     except BrowserUnavailable as exc:
         pytest.skip(f"{exc}; `make setup` installs it")
-
-
-@contextlib.contextmanager
-def gateway_process(*backends: str) -> Iterator[Proc]:
-    port = free_port()
-    args = ["gateway", "--host", "127.0.0.1", "--port", str(port), "--health-interval", "0.3"]
-    for url in backends:
-        args += ["--backend", url]
-    proc = spawn(args, port)
-    try:
-        wait_http(f"{proc.url}/readyz", timeout=30, proc=proc)
-        yield proc
-    finally:
-        proc.stop()
-
-
-@contextlib.asynccontextmanager
-async def steady_load(url: str) -> AsyncIterator[None]:
-    """``RATE`` small inference requests a second until the block ends."""
-
-    async def send(session: aiohttp.ClientSession) -> None:
-        with contextlib.suppress(aiohttp.ClientError):
-            async with session.post(url + "/inference", json={"texts": ["a query", "a longer candidate text"]}) as r:
-                await r.read()
-
-    async def run(session: aiohttp.ClientSession) -> None:
-        pending: set[asyncio.Task[None]] = set()
-        while True:
-            task = asyncio.create_task(send(session))
-            pending.add(task)
-            task.add_done_callback(pending.discard)
-            await asyncio.sleep(1.0 / RATE)
-
-    async with aiohttp.ClientSession() as session:
-        runner = asyncio.create_task(run(session))
-        try:
-            yield
-        finally:
-            runner.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await runner
 
 
 async def fleet_frame(url: str) -> dict[str, object]:
@@ -104,11 +62,11 @@ async def rows_by_url(page: Page) -> dict[str, list[str]]:
 
 async def test_the_dashboard_shows_a_live_fleet_in_chromium(chromium: str) -> None:
     with replica("tiny", grpc=False) as first, replica("tiny", grpc=False) as second, \
-            gateway_process(first.url, second.url) as gateway:
-        async with steady_load(gateway.url):
-            await wait_until_every_replica_served(gateway.url, 2)
+            gateway([first.url, second.url]) as front:
+        async with steady_load(front.url, RATE):
+            await wait_until_every_replica_served(front.url, 2)
             async with launch(chromium) as browser:
-                page = await browser.open(gateway.url + "/dashboard", width=1280, height=560)
+                page = await browser.open(front.url + "/dashboard", width=1280, height=560)
                 rendered_ms = int(await page.wait_for("document.body?.dataset.renderedAt", timeout_s=10))
                 assert rendered_ms < 1000, f"first render {rendered_ms} ms after navigation started"
                 await page.wait_for("Number(document.body?.dataset.frames) >= 3", timeout_s=15)
