@@ -32,7 +32,7 @@ def access_logger(metrics: GatewayMetrics) -> type[AbstractAccessLogger]:
     """An access-logger class for ``web.AppRunner(access_log_class=..., access_log=LOGGER)`` that feeds
     ``metrics``. aiohttp builds one per connection from ``(logger, format)``, so the metrics travel on the
     class."""
-    duration = metrics.request_duration
+    duration = metrics.request_duration.series()
 
     class LatencyRecorder(AbstractAccessLogger):
         def log(self, request: BaseRequest, response: StreamResponse, time: float) -> None:

@@ -13,20 +13,23 @@ each attempt's, ``..._upstream_duration_seconds``) share buckets at most 1.5x ap
 inside a bucket is off by a fraction of its value. They are classic histograms: Prometheus' native (sparse)
 histograms would resolve any range without choosing buckets, but ``prometheus_client`` has no native
 histogram instrument (0.26 only parses them) and the Prometheus of Debian 12 (2.42) ingests them only over
-the protobuf scrape format behind a feature flag. The process collector adds ``process_*`` (CPU seconds,
-resident memory, open file descriptors), as on the replicas.
+the protobuf scrape format behind a feature flag. Both are :class:`~fleetserve.telemetry.histogram.LatencyHistogram`
+(plain counts, bisection, no lock: the gateway observes and scrapes on its one event-loop thread), which
+the live dashboard reads every second without building samples. The process collector adds ``process_*``
+(CPU seconds, resident memory, open file descriptors), as on the replicas.
 """
 
 from __future__ import annotations
 
 from collections import Counter as Tally
 
-from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
+from prometheus_client import CollectorRegistry, Counter, Gauge, generate_latest
 from prometheus_client.exposition import CONTENT_TYPE_LATEST
 from prometheus_client.process_collector import ProcessCollector
 
 from fleetserve.gateway.balancer import REMOVED
 from fleetserve.gateway.endpoint import Endpoint
+from fleetserve.telemetry.histogram import LatencyHistogram, Series
 
 NO_BACKEND = "none"  # the label of answers the gateway gave itself (no replica, 413, 504 ...)
 EJECTED = "ejected"
@@ -46,13 +49,13 @@ class GatewayMetrics:
         self.requests = Counter("fleetserve_gateway_requests", "Requests answered, by the backend that "
                                 "answered (none: the gateway itself) and HTTP status", ["backend", "code"],
                                 registry=r)
-        self.request_duration = Histogram("fleetserve_gateway_request_duration_seconds",
-                                          "Client requests on proxied routes, from their head read to their "
-                                          "response written (retries and hedges included)",
-                                          buckets=LATENCY_BUCKETS, registry=r)
-        self.upstream_duration = Histogram("fleetserve_gateway_upstream_duration_seconds",
-                                           "Time of each attempt on a backend, until its whole response",
-                                           ["backend"], buckets=LATENCY_BUCKETS, registry=r)
+        self.request_duration = LatencyHistogram("fleetserve_gateway_request_duration_seconds",
+                                                 "Client requests on proxied routes, from their head read to "
+                                                 "their response written (retries and hedges included)",
+                                                 LATENCY_BUCKETS, registry=r)
+        self.upstream_duration = LatencyHistogram("fleetserve_gateway_upstream_duration_seconds",
+                                                  "Time of each attempt on a backend, until its whole response",
+                                                  LATENCY_BUCKETS, ["backend"], registry=r)
         self.retries = Counter("fleetserve_gateway_retries", "Requests retried on another backend",
                                registry=r)
         self.ejections = Counter("fleetserve_gateway_ejections", "Outlier ejections", ["backend"], registry=r)
@@ -74,7 +77,7 @@ class GatewayMetrics:
         # Label children per backend, resolved once: ``.labels()`` takes a lock and builds a key tuple,
         # a cost every proxied request would pay twice.
         self._request_children: dict[str, dict[int, Counter]] = {}
-        self._attempt_children: dict[str, Histogram] = {}
+        self._attempt_series: dict[str, Series] = {}
 
     def observe_request(self, backend: str, code: int) -> None:
         children = self._request_children.get(backend)
@@ -86,10 +89,10 @@ class GatewayMetrics:
         child.inc()
 
     def observe_attempt(self, backend: str, seconds: float) -> None:
-        child = self._attempt_children.get(backend)
-        if child is None:
-            child = self._attempt_children[backend] = self.upstream_duration.labels(backend)
-        child.observe(seconds)
+        series = self._attempt_series.get(backend)
+        if series is None:
+            series = self._attempt_series[backend] = self.upstream_duration.series(backend)
+        series.observe(seconds)
 
     def render(self) -> tuple[bytes, str]:
         """The exposition text and its content type."""
@@ -125,6 +128,6 @@ class GatewayMetrics:
     def _forget(self, url: str) -> None:
         for code in self._request_children.pop(url, {}):
             self.requests.remove(url, str(code))
-        self._attempt_children.pop(url, None)
+        self._attempt_series.pop(url, None)
         self.upstream_duration.remove(url)
         self.ejections.remove(url)

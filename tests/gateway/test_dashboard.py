@@ -11,7 +11,7 @@ from fleetserve.gateway.balancer import Balancer, BalancerConfig
 from fleetserve.gateway.dashboard.sampler import FleetSampler, quantile
 from fleetserve.gateway.discovery import Insert, Remove
 from fleetserve.gateway.endpoint import Endpoint
-from fleetserve.gateway.metrics import LATENCY_BUCKETS, NO_BACKEND, GatewayMetrics
+from fleetserve.gateway.metrics import NO_BACKEND, GatewayMetrics
 
 A = Endpoint.from_url("http://10.0.0.1:8000")
 B = Endpoint.from_url("http://10.0.0.2:8000")
@@ -40,7 +40,7 @@ def _fleet(clock: FakeClock) -> tuple[GatewayMetrics, Balancer, FleetSampler]:
     balancer = Balancer(BalancerConfig(), clock=clock, rng=random.Random(1), observer=metrics)
     for ep in (A, B):
         balancer.apply(Insert(ep))
-    sampler = FleetSampler(metrics, balancer, "p2c-peak-ewma", bounds=LATENCY_BUCKETS, window_s=5.0,
+    sampler = FleetSampler(metrics, balancer, "p2c-peak-ewma", window_s=5.0,
                            history_s=10.0, clock=clock, wall=lambda: clock.now + 1.7e9)
     return metrics, balancer, sampler
 
@@ -49,7 +49,7 @@ def _serve(metrics: GatewayMetrics, ep: Endpoint, n: int, latency_s: float, code
     for _ in range(n):
         metrics.observe_attempt(ep.url, latency_s)
         metrics.observe_request(ep.url, code)
-        metrics.request_duration.observe(latency_s + 0.0005)
+        metrics.request_duration.series().observe(latency_s + 0.0005)
 
 
 def test_a_frame_has_rates_shares_and_quantiles_over_the_window() -> None:
@@ -112,5 +112,5 @@ def test_a_backend_that_left_and_came_back_never_shows_a_negative_rate() -> None
 
 def test_the_sampler_refuses_inconsistent_windows() -> None:
     with pytest.raises(ValueError, match="window_s"):
-        FleetSampler(GatewayMetrics(), Balancer(BalancerConfig()), "x", bounds=LATENCY_BUCKETS, window_s=0.5,
+        FleetSampler(GatewayMetrics(), Balancer(BalancerConfig()), "x", window_s=0.5,
                      interval_s=1.0)

@@ -19,7 +19,7 @@ from importlib import resources
 from aiohttp import web
 
 from fleetserve.gateway.dashboard.sampler import FleetSampler, FleetState
-from fleetserve.gateway.metrics import LATENCY_BUCKETS, GatewayMetrics
+from fleetserve.gateway.metrics import GatewayMetrics
 
 DASHBOARD_PATH = "/dashboard"
 FLEET_PATH = "/gateway/fleet"
@@ -48,7 +48,7 @@ def _since(text: str | None) -> float | None:
 
 def add_dashboard_routes(app: web.Application, fleet: FleetState, metrics: GatewayMetrics, policy: str) -> None:
     """Serve the dashboard from ``app`` and run its sampler for the application's lifetime."""
-    sampler = FleetSampler(metrics, fleet, policy, bounds=LATENCY_BUCKETS)
+    sampler = FleetSampler(metrics, fleet, policy)
     app[_SAMPLER_KEY] = sampler
     page = _asset("index.html")
     assets = {name: (_asset(name), content_type) for name, content_type in _ASSETS.items()}

@@ -1,13 +1,13 @@
 """The fleet as the dashboard shows it: one frame per second, built from the gateway's own state.
 
 Nothing here is on the request path. Once per :meth:`FleetSampler.tick` the sampler reads the gateway's
-cumulative Prometheus counters and histograms (the same ones ``/metrics`` exposes, through
-``prometheus_client``'s public ``collect()``) and the balancer's per-replica snapshot (health, ejection,
-pending requests, the load each replica last reported). Rates and quantiles come from the difference
-between this reading and the one ``window_s`` earlier, the way Prometheus' ``rate()`` and
-``histogram_quantile()`` would compute them over that range: the dashboard and a Grafana panel agree, and
-the per-request cost of the dashboard is nil. Quantiles interpolate linearly inside a bucket
-(``histogram_quantile``'s rule); the gateway's buckets are at most 1.5x apart between 1 and 100 ms.
+cumulative counts, the very ones ``/metrics`` exposes (latency histograms as their plain per-bucket counts,
+counters through ``prometheus_client``'s ``collect()``), and the balancer's per-replica snapshot (health,
+ejections, pending requests, the load each replica last reported). Rates and quantiles come from the
+difference between this reading and the one ``window_s`` earlier, the way Prometheus' ``rate()`` and
+``histogram_quantile()`` compute them over that range, so the dashboard and a Grafana panel agree.
+Quantiles interpolate linearly inside a bucket (``histogram_quantile``'s rule); the gateway's buckets are
+at most 1.5x apart between 1 and 100 ms.
 
 The last ``history_s`` frames are kept as compact chart points, so a page opened now draws the last
 minutes at once; a poll passes the time of the newest point it has and gets only newer ones.
@@ -15,6 +15,7 @@ minutes at once; a poll passes the time of the newest point it has and gets only
 
 from __future__ import annotations
 
+import itertools
 import math
 import os
 import time
@@ -23,21 +24,11 @@ from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
-from prometheus_client import CollectorRegistry
+from prometheus_client.metrics_core import Metric
 
 from fleetserve.gateway.metrics import NO_BACKEND, GatewayMetrics
 
-_REQUESTS = "fleetserve_gateway_requests_total"
-_UPSTREAM = "fleetserve_gateway_upstream_duration_seconds_bucket"
-_END_TO_END = "fleetserve_gateway_request_duration_seconds_bucket"
-_EJECTIONS = "fleetserve_gateway_ejections_total"
-_HEDGES = "fleetserve_gateway_hedges_total"
-_HEDGES_SKIPPED = "fleetserve_gateway_hedges_skipped_total"
-_RETRIES = "fleetserve_gateway_retries_total"
-_RETRY_BUDGET = "fleetserve_gateway_retry_budget_exhausted_total"
 _REJECTED = "fleetserve_gateway_rejected_total"
-_SAMPLES = (_REQUESTS, _UPSTREAM, _END_TO_END, _EJECTIONS, _HEDGES, _HEDGES_SKIPPED, _RETRIES, _RETRY_BUDGET,
-            _REJECTED)
 # What the page shows until an autoscaler reports to the gateway.
 AUTOSCALE_OFF = "off"
 
@@ -74,48 +65,49 @@ def quantile(q: float, bounds: Sequence[float], cumulative: Sequence[float]) -> 
 
 @dataclass
 class Reading:
-    """The gateway's cumulative counters at one moment (monotonic ``at``, ``wall`` for display)."""
+    """The gateway's cumulative counts at one moment (monotonic ``at``, ``wall`` for display)."""
 
     at: float
     wall: float
     requests: dict[str, float] = field(default_factory=dict)  # backend -> answers
     errors: dict[str, float] = field(default_factory=dict)  # backend -> 5xx answers
-    upstream: dict[str, list[float]] = field(default_factory=dict)  # backend -> cumulative bucket counts
-    end_to_end: list[float] = field(default_factory=list)
-    ejections: dict[str, float] = field(default_factory=dict)
+    upstream: dict[str, list[int]] = field(default_factory=dict)  # backend -> observations per bucket
+    end_to_end: list[int] = field(default_factory=list)
     counters: dict[str, float] = field(default_factory=dict)  # fleet-wide: retries, hedges_won, ...
 
 
-def read(registry: CollectorRegistry, at: float, wall: float) -> Reading:
-    """One :class:`Reading` of the gateway metrics in ``registry``."""
-    reading = Reading(at, wall)
-    counters = reading.counters
-    for name in ("retries", "retry_budget_exhausted", "hedges_won", "hedges_lost", "hedges_skipped", "rejected"):
-        counters[name] = 0.0
-    for family in registry.restricted_registry(_SAMPLES).collect():
+def _total(families: Iterable[Metric], by: str | None = None) -> dict[str, float]:
+    """Counter families summed, by the value of label ``by`` (or all under ``""``); ``_total`` samples only."""
+    sums: dict[str, float] = {}
+    for family in families:
         for s in family.samples:
-            name, labels, value = s.name, s.labels, s.value
-            if name == _REQUESTS:
-                backend = labels["backend"]
-                reading.requests[backend] = reading.requests.get(backend, 0.0) + value
-                if labels["code"].startswith("5"):
-                    reading.errors[backend] = reading.errors.get(backend, 0.0) + value
-            elif name == _UPSTREAM:
-                reading.upstream.setdefault(labels["backend"], []).append(value)
-            elif name == _END_TO_END:
-                reading.end_to_end.append(value)
-            elif name == _EJECTIONS:
-                reading.ejections[labels["backend"]] = value
-            elif name == _HEDGES:
-                counters[f"hedges_{labels['outcome']}"] = counters.get(f"hedges_{labels['outcome']}", 0.0) + value
-            elif name == _HEDGES_SKIPPED:
-                counters["hedges_skipped"] += value
-            elif name == _RETRIES:
-                counters["retries"] += value
-            elif name == _RETRY_BUDGET:
-                counters["retry_budget_exhausted"] += value
-            elif name == _REJECTED:
-                counters["rejected"] += value
+            if s.name.endswith("_total"):
+                key = s.labels.get(by, "") if by else ""
+                sums[key] = sums.get(key, 0.0) + s.value
+    return sums
+
+
+def read(metrics: GatewayMetrics, at: float, wall: float) -> Reading:
+    """One :class:`Reading` of ``metrics`` (on the gateway's event-loop thread)."""
+    reading = Reading(at, wall)
+    for family in metrics.requests.collect():
+        for s in family.samples:
+            if s.name.endswith("_total"):
+                backend = s.labels["backend"]
+                reading.requests[backend] = reading.requests.get(backend, 0.0) + s.value
+                if s.labels["code"].startswith("5"):
+                    reading.errors[backend] = reading.errors.get(backend, 0.0) + s.value
+    reading.upstream = {labels[0]: list(series.counts) for labels, series in metrics.upstream_duration.items()}
+    reading.end_to_end = list(metrics.request_duration.series().counts)
+    hedges = _total(metrics.hedges.collect(), "outcome")
+    reading.counters = {
+        "retries": _total(metrics.retries.collect()).get("", 0.0),
+        "retry_budget_exhausted": _total(metrics.retry_budget_exhausted.collect()).get("", 0.0),
+        "hedges_won": hedges.get("won", 0.0),
+        "hedges_lost": hedges.get("lost", 0.0),
+        "hedges_skipped": sum(_total(metrics.hedges_skipped.collect()).values()),
+        "rejected": sum(_total(metrics.registry.restricted_registry([_REJECTED]).collect()).values()),
+    }
     return reading
 
 
@@ -124,10 +116,13 @@ def _delta(now: float, then: float | None) -> float:
     return now if then is None or now < then else now - then
 
 
-def _bucket_delta(now: Sequence[float], then: Sequence[float] | None) -> list[float]:
-    if then is None or len(then) != len(now) or any(n < t for n, t in zip(now, then, strict=True)):
-        return list(now)
-    return [n - t for n, t in zip(now, then, strict=True)]
+def _cumulative_delta(now: Sequence[int], then: Sequence[int] | None) -> list[int]:
+    """Cumulative counts per bucket of the observations between two readings of one series."""
+    if then is not None and len(then) == len(now):
+        deltas = [n - t for n, t in zip(now, then, strict=True)]
+        if min(deltas) >= 0:
+            return list(itertools.accumulate(deltas))
+    return list(itertools.accumulate(now))
 
 
 def _ms(seconds: float | None) -> float | None:
@@ -141,15 +136,16 @@ def _rate(count: float, seconds: float) -> float:
 class FleetSampler:
     """Takes a reading per :meth:`tick`, keeps the frames' chart points, and answers the dashboard's polls."""
 
-    def __init__(self, metrics: GatewayMetrics, fleet: FleetState, policy: str, *, bounds: Iterable[float],
+    def __init__(self, metrics: GatewayMetrics, fleet: FleetState, policy: str, *,
                  window_s: float = 5.0, history_s: float = 120.0, interval_s: float = 1.0,
                  clock: Callable[[], float] = time.monotonic, wall: Callable[[], float] = time.time) -> None:
         if not 0 < interval_s <= window_s <= history_s:
             raise ValueError("need 0 < interval_s <= window_s <= history_s")
-        self._registry = metrics.registry
+        self._metrics = metrics
         self._fleet = fleet
         self._policy = policy
-        self._bounds = [*bounds, math.inf]
+        # Both latency histograms share their bounds; the last bucket is +Inf.
+        self._bounds = [*metrics.request_duration.bounds, math.inf]
         self._window = window_s
         self.interval_s = interval_s
         self._clock, self._wall = clock, wall
@@ -159,7 +155,7 @@ class FleetSampler:
 
     def tick(self) -> dict[str, object]:
         """Read the gateway now and build the current frame (also returned)."""
-        reading = read(self._registry, self._clock(), self._wall())
+        reading = read(self._metrics, self._clock(), self._wall())
         base = self._base(reading.at)
         self._readings.append(reading)
         rows, fleet = self._replicas(reading, base), self._totals(reading, base)
@@ -196,7 +192,7 @@ class FleetSampler:
         for row in self._fleet.snapshot():
             url = str(row["url"])
             count = answered.get(url, 0.0)
-            buckets = _bucket_delta(now.upstream[url], then.upstream.get(url)) if url in now.upstream else []
+            buckets = _cumulative_delta(now.upstream[url], then.upstream.get(url)) if url in now.upstream else []
             rows.append({
                 **row,
                 "rps": _rate(count, span),
@@ -204,14 +200,13 @@ class FleetSampler:
                 "error_rps": _rate(_delta(now.errors.get(url, 0.0), then.errors.get(url)), span),
                 "p50_ms": _ms(quantile(0.5, self._bounds, buckets)),
                 "p99_ms": _ms(quantile(0.99, self._bounds, buckets)),
-                "ejections": now.ejections.get(url, 0.0),
             })
         return rows
 
     def _totals(self, now: Reading, base: Reading | None) -> dict[str, float | None]:
         span = now.at - base.at if base is not None else 0.0
         then = base if base is not None else Reading(now.at, now.wall)
-        end_to_end = _bucket_delta(now.end_to_end, then.end_to_end or None)
+        end_to_end = _cumulative_delta(now.end_to_end, then.end_to_end or None)
         errors = sum(_delta(v, then.errors.get(b)) for b, v in now.errors.items())
         totals: dict[str, float | None] = {
             "rps": _rate(end_to_end[-1] if end_to_end else 0.0, span),
