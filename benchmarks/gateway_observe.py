@@ -3,9 +3,9 @@
 Per proxied request the gateway records one upstream attempt (``observe_attempt``: a labelled latency
 histogram) and, once the response is written, the end-to-end latency (aiohttp's access-logger hook,
 :mod:`fleetserve.gateway.access`, which also makes aiohttp read the loop clock twice). This times each piece
-against ``prometheus_client.Histogram`` with the same 28 buckets: CPU time of the process (so other work on
-a shared box does not count), best of ``--repeat`` runs of ``--n`` calls,
-with latencies drawn around 10 ms (where a linear bucket scan goes half way).
+against ``prometheus_client.Histogram`` with the same 28 buckets, as CPU time of this process (other work
+on a shared box does not count), best of ``--repeat`` runs of ``--n`` calls with latencies drawn around
+10 ms (where a linear bucket scan goes half way).
 
     .venv/bin/python benchmarks/gateway_observe.py [--n 200000] [--repeat 5]
 """

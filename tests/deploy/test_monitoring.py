@@ -91,6 +91,27 @@ def test_every_exported_family_is_on_a_panel_or_listed_as_not_acted_on() -> None
     assert not missing, f"exported but on no Grafana panel: {sorted(missing)}"
 
 
+def test_metric_names_follow_prometheus_conventions() -> None:
+    """fleetserve_ prefix; counters exposed with _total and nothing else so; base units (seconds, bytes, ...)."""
+    base_units = ("_seconds", "_bytes", "_ratio", "_celsius", "_hertz", "_watts")
+    for registry in _registries():
+        for family in registry.collect():
+            name = family.name
+            if name.startswith(("process_", "python_")):
+                continue
+            assert name.startswith("fleetserve_"), name
+            exposed = {s.name for s in family.samples} or {name + s for s in _SUFFIXES[family.type]}
+            if family.type == "counter":
+                assert all(s.endswith("_total") for s in exposed), (name, exposed)
+            else:
+                assert not name.endswith("_total"), name
+            assert not re.search(r"_(?:ms|milliseconds|microseconds|us|kb|mb|percent|minutes|hours)(?:_|$)", name), name
+            if "duration" in name or "latency" in name:
+                assert name.endswith("_seconds"), name
+    for gpu in re.findall(r'"(fleetserve_gpu_[a-z_]+)"', GPU_SOURCE.read_text()):
+        assert gpu.endswith((*base_units, "_throttled", "_info")), gpu
+
+
 def test_every_metric_the_package_creates_is_counted_above() -> None:
     """Scan the source for metric constructors, so a new metrics object cannot hide from the coverage test."""
     created = set()
