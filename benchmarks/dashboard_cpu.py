@@ -40,7 +40,11 @@ from fleetserve.gateway.metrics import GatewayMetrics
 
 @contextlib.asynccontextmanager
 async def fleet(replicas: int) -> AsyncIterator[Supervisor]:
-    config = FleetConfig(replicas=replicas, gateway_port=free_port(), base_port=free_port(), status_interval_s=60.0)
+    base = free_port()
+    gateway = free_port()
+    while base <= gateway < base + 2 * replicas:  # replica i takes base + 2i (HTTP) and base + 2i + 1 (gRPC)
+        gateway = free_port()
+    config = FleetConfig(replicas=replicas, gateway_port=gateway, base_port=base, status_interval_s=60.0)
     replica = replica_config("tiny", ("--drain-grace-s", "0"))
     build(replica.engine)
     supervisor = Supervisor(config, replica)
