@@ -79,6 +79,8 @@ def render_prometheus(config: MonitoringConfig) -> dict[str, str]:
 
 Panel = tuple[str, str, tuple[tuple[str, str], ...]]  # (title, unit, [(PromQL, legend)])
 _RATE = "[$__rate_interval]"
+# Each GPU series joined with its model name and MIG profile (``fleetserve_gpu_info``, value 1).
+_GPU_NAMES = "* on (instance, gpu, uuid, mig) group_left (name, profile) fleetserve_gpu_info"
 
 
 def _quantiles(series: str, by: str, legend: str) -> tuple[tuple[str, str], ...]:
@@ -114,9 +116,10 @@ def panels(window: str = "5m") -> tuple[Panel, ...]:
           ("sum by (model) (rate(fleetserve_texts_truncated_total[$__rate_interval]))", "truncated {{model}}"))),
         # GPUs (NVML; absent on CPU replicas).
         ("GPU utilization", "percentunit",
-         (("fleetserve_gpu_utilization_ratio", "{{instance}} {{gpu}}"),)),
-        ("GPU memory used", "percentunit",
-         (("fleetserve_gpu_memory_used_bytes / fleetserve_gpu_memory_total_bytes", "{{instance}} {{gpu}}"),)),
+         ((f"fleetserve_gpu_utilization_ratio {_GPU_NAMES}", "{{instance}} {{gpu}} {{name}}"),)),
+        ("GPU memory used (MIG instances: each slice)", "percentunit",
+         ((f"fleetserve_gpu_memory_used_bytes / fleetserve_gpu_memory_total_bytes {_GPU_NAMES}",
+           "{{instance}} {{gpu}} {{name}} {{profile}}"),)),
         ("GPU power draw", "watt",
          (("fleetserve_gpu_power_watts", "{{instance}} {{gpu}}"),)),
         ("GPU temperature", "celsius",

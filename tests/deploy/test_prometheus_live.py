@@ -18,7 +18,7 @@ from typing import Any
 import pytest
 import yaml
 
-from fleetserve.deploy.monitoring import MonitoringConfig, render_prometheus
+from fleetserve.deploy.monitoring import MonitoringConfig, panels, render_prometheus
 from tests.deploy.prometheus_server import Prometheus, running_prometheus
 from tests.procs import gateway, replica
 from tests.steady_load import steady_load
@@ -96,6 +96,12 @@ async def test_rules_evaluate_to_the_fleets_real_values(tmp_path: Path) -> None:
                 p50 = prom.value(f"fleetserve:gateway_request_duration_seconds:p50_{window}")
                 p99 = prom.value(f"fleetserve:gateway_request_duration_seconds:p99_{window}")
                 assert p50 is not None and p99 is not None and 0 < p50[1] <= p99[1] < 1.0
+                # Every Grafana panel's query is PromQL this Prometheus accepts (Grafana fills in the interval).
+                for _title, _unit, queries in panels(window):
+                    for expr, _ in queries:
+                        prom.query(expr.replace("$__rate_interval", f"{WINDOW_S}s"))
+                shown = prom.query(f"fleetserve:gateway_request_duration_seconds:p99_{window}")
+                assert shown, "the dashboard's end-to-end p99 panel would be empty"
                 healthy = prom.value('sum(fleetserve_gateway_backends{state="healthy"})')
                 assert healthy is not None and healthy[1] == 2
                 assert _firing(prom, "FleetserveGatewayEjections") == []
