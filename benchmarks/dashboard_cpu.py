@@ -5,9 +5,10 @@ A real local fleet (``fleetserve up`` machinery: two ``tiny`` replicas and a gat
 the ``texts`` workload), each once with no browser and once with the page open in headless Chromium (Debian
 package, driven over the DevTools protocol; it polls ``/gateway/fleet`` every second and redraws). Measured:
 the gateway process's CPU time (user + system from /proc) over the phase, as a share of one core; the
-browser's own CPU for reference. The page's cost is the open-minus-closed difference (goal: < 1% of a core).
-The sampler that builds a frame each second runs whether a page is open or not; its cost per tick and the
-cost of encoding one poll's JSON are timed in-process, for 2 and for 32 replicas.
+browser's own CPU for reference; how long after navigation started the page drew its first frame. The
+page's cost is the open-minus-closed difference (goal: < 1% of a core). The sampler that builds a frame
+each second runs whether a page is open or not; its cost per tick and the cost of encoding one poll's JSON
+are timed in-process, for 2 and for 32 replicas.
 
     .venv/bin/python benchmarks/dashboard_cpu.py [--duration 60] [--rate 20]
 """
@@ -68,7 +69,7 @@ async def phase(url: str, pid: int, duration_s: float, rate: float, page: bool) 
         if page:
             browser = await stack.enter_async_context(launch())
             tab = await browser.open(url + "/dashboard")
-            await tab.wait_for("document.body?.dataset.renderedAt", timeout_s=10)
+            rendered_ms = int(await tab.wait_for("document.body?.dataset.renderedAt", timeout_s=10))
             browser_pid = browser.process.pid
         load = None
         if rate:
@@ -90,6 +91,7 @@ async def phase(url: str, pid: int, duration_s: float, rate: float, page: bool) 
                                         if browser_pid else None)}
         if page:
             row["frames"] = int(await tab.evaluate("Number(document.body.dataset.frames)"))
+            row["first_render_ms"] = rendered_ms
         if load is not None:
             row["ok_rps"] = round(report.achieved_rps, 1)
         return row
@@ -129,12 +131,12 @@ def sampler_costs(replicas: int, ticks: int = 300) -> dict[str, float]:
 
 
 def table(rows: list[dict[str, Any]]) -> str:
-    lines = ["| load | page | gateway CPU, % of a core | browser CPU, % of a core | frames drawn |",
-             "|---|---|---|---|---|"]
+    lines = ["| load | page | gateway CPU, % of a core | browser CPU, % of a core | frames drawn | first render ms |",
+             "|---|---|---|---|---|---|"]
     for r in rows:
         browser = "–" if r["browser_core_percent"] is None else f"{r['browser_core_percent']:.1f}"
         lines.append(f"| {r['load']} | {r['page']} | {r['gateway_core_percent']:.2f} | {browser} | "
-                     f"{r.get('frames', '–')} |")
+                     f"{r.get('frames', '–')} | {r.get('first_render_ms', '–')} |")
     return "\n".join(lines)
 
 
