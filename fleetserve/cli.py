@@ -57,6 +57,7 @@ class GlobalOptions:
     config: Path | None = option(None, "YAML config file: top-level keys, then a section named after the command",
                                  metavar="FILE")
     log_level: str = option("info", "log verbosity", choices=logs.LEVELS)
+    log_format: str = option("text", "log lines as text, or as one JSON object each", choices=logs.FORMATS)
 
 
 def _top_parser() -> argparse.ArgumentParser:
@@ -150,7 +151,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     command, rest = argv[0], argv[1:]
     try:
         globals_, options, module = parse(command, rest, os.environ)
-        logs.install(globals_.log_level)
+        logs.install(globals_.log_level, globals_.log_format)
         return int(module.run(options))
     except (FleetserveError, ValueError) as exc:
         message = exc.message if isinstance(exc, FleetserveError) else str(exc)

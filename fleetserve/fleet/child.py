@@ -31,8 +31,8 @@ def stop_with_parent(parent: int) -> None:
 
 
 def main(path: str, parent: int) -> int:
-    config, log_level = pickle.loads(Path(path).read_bytes())
-    logs.install(log_level)
+    config, log_level, log_format = pickle.loads(Path(path).read_bytes())
+    logs.install(log_level, log_format)
     stop_with_parent(parent)
     if isinstance(config, ReplicaConfig):
         from fleetserve.replica.server import run as run_replica

@@ -29,6 +29,7 @@ from fleetserve.fleet.config import FleetConfig
 from fleetserve.gateway.config import GatewayConfig
 from fleetserve.options import ENV_PREFIX
 from fleetserve.replica.config import ReplicaConfig
+from fleetserve.telemetry import logs
 
 log = logging.getLogger(__name__)
 
@@ -98,8 +99,9 @@ class Supervisor:
                  placements: Mapping[int, Placement] | None = None) -> None:
         self.config = fleet
         self.clock = clock
-        # The children log like the parent was asked to (fleetserve's own loggers' level).
+        # The children log like the parent was asked to (fleetserve's own loggers' level, and the format).
         self.log_level = log_level or logging.getLevelName(logging.getLogger("fleetserve").getEffectiveLevel()).lower()
+        self.log_format = logs.settings()[1]
         self.stopping = False
         self._folder: Path | None = None
         threads = replica.threads or fleet.threads_per_replica()
@@ -137,7 +139,7 @@ class Supervisor:
             self._folder = Path(tempfile.mkdtemp(prefix="fleetserve-up-"))
         path = self._folder / f"{m.name}.pickle"
         if not path.exists():
-            path.write_bytes(pickle.dumps((m.config, self.log_level)))
+            path.write_bytes(pickle.dumps((m.config, self.log_level, self.log_format)))
         return path
 
     async def _spawn(self, m: Member) -> None:

@@ -198,8 +198,8 @@ def _run_one(config: GatewayConfig, worker: bool, middlewares: MiddlewareFactory
         return 1
 
 
-def _worker_main(config: GatewayConfig, middlewares: MiddlewareFactory | None, log_level: int) -> None:
-    logs.install(logging.getLevelName(log_level))
+def _worker_main(config: GatewayConfig, middlewares: MiddlewareFactory | None, log: tuple[str, str]) -> None:
+    logs.install(*log)
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     sys.exit(_run_one(config, True, middlewares))
 
@@ -209,8 +209,7 @@ def run_gateway(config: GatewayConfig, *, middlewares: MiddlewareFactory | None 
     if config.workers == 1:
         return _run_one(config, False, middlewares)
     context = multiprocessing.get_context("spawn")  # no fork: gRPC's threads do not survive one
-    level = logging.getLogger().getEffectiveLevel()
-    workers = [context.Process(target=_worker_main, args=(config, middlewares, level),
+    workers = [context.Process(target=_worker_main, args=(config, middlewares, logs.settings()),
                                name=f"fleetserve-gateway-{i}") for i in range(config.workers)]
     stopping = False
 

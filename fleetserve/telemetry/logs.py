@@ -1,16 +1,29 @@
-"""Trace-id correlation for log lines: the current request's W3C trace id lives in a context variable and a
-logging filter copies it onto every record (``%(trace_id)s`` in the format)."""
+"""Logging for every fleetserve process: the current request's W3C trace id on each line, as text or JSON.
+
+The trace id lives in a context variable and a logging filter copies it onto every record
+(``%(trace_id)s``). ``text`` is one human-readable line per record; ``json`` is one JSON object per line
+(``time`` in RFC 3339 UTC, ``level``, ``logger``, ``trace_id``, ``message``, the record's ``fields`` mapping
+when a caller passes ``extra={"fields": {...}}``, and ``exception`` with its traceback), for log pipelines
+that parse rather than grep. A process that starts others (gateway workers, ``fleetserve up``'s children)
+hands them :func:`settings` so they log alike.
+"""
 
 from __future__ import annotations
 
 import contextvars
+import datetime
+import json
 import logging
 import sys
+from collections.abc import Mapping
 from typing import Any
 
 LEVELS = ("debug", "info", "warning", "error")
+FORMATS = ("text", "json")
+TEXT_FORMAT = "%(asctime)s %(levelname)s %(name)s [trace=%(trace_id)s] %(message)s"
 
 trace_id_var: contextvars.ContextVar[str] = contextvars.ContextVar("fleetserve_trace_id", default="-")
+_settings = ("info", "text")
 
 
 class _StderrHandler(logging.StreamHandler):
@@ -32,15 +45,46 @@ class TraceIdFilter(logging.Filter):
         return True
 
 
-def install(level: str = "info") -> None:
+class JsonFormatter(logging.Formatter):
+    """One JSON object per record, on one line."""
+
+    def format(self, record: logging.LogRecord) -> str:
+        entry: dict[str, object] = {
+            "time": datetime.datetime.fromtimestamp(record.created, datetime.UTC).isoformat(timespec="milliseconds"),
+            "level": record.levelname.lower(),
+            "logger": record.name,
+            "trace_id": getattr(record, "trace_id", "-"),
+            "message": record.getMessage(),
+        }
+        fields = getattr(record, "fields", None)
+        if isinstance(fields, Mapping):
+            entry.update(fields)
+        if record.exc_info:
+            entry["exception"] = self.formatException(record.exc_info)
+        return json.dumps(entry, default=str, separators=(",", ":"))
+
+
+def install(level: str = "info", fmt: str = "text") -> None:
     """Logging with the trace id on each line: fleetserve's own loggers at ``level``, other libraries' at WARNING
     unless ``level`` is debug (ONNX Runtime's optimizer and quantizer narrate every fusion at INFO)."""
+    global _settings
+    if fmt not in FORMATS:
+        raise ValueError(f"log format must be one of {', '.join(FORMATS)}, got {fmt!r}")
     root = logging.getLogger()
-    if not any(isinstance(f, TraceIdFilter) for h in root.handlers for f in h.filters):
+    ours = [h for h in root.handlers if any(isinstance(f, TraceIdFilter) for f in h.filters)]
+    if ours:
+        handler = ours[0]
+    else:
         handler = _StderrHandler()
         handler.addFilter(TraceIdFilter())
-        handler.setFormatter(logging.Formatter("%(asctime)s %(levelname)s %(name)s [trace=%(trace_id)s] %(message)s"))
         root.handlers[:] = [handler]
+    handler.setFormatter(JsonFormatter() if fmt == "json" else logging.Formatter(TEXT_FORMAT))
     chosen = logging.getLevelName(level.upper())
     root.setLevel(chosen if chosen <= logging.DEBUG else max(chosen, logging.WARNING))
     logging.getLogger("fleetserve").setLevel(chosen)
+    _settings = (level, fmt)
+
+
+def settings() -> tuple[str, str]:
+    """The ``(level, format)`` of the last :func:`install`, for the processes this one starts."""
+    return _settings
