@@ -4,12 +4,9 @@ real Prometheus that scrapes real replicas through the rendered Kubernetes scrap
 from __future__ import annotations
 
 import contextlib
-import json
 import re
-import shutil
 import subprocess
 import threading
-import time
 import urllib.parse
 import urllib.request
 from collections.abc import Mapping
@@ -20,8 +17,8 @@ import pytest
 import yaml
 
 from fleetserve.deploy.adapter import DESIRED_REPLICAS, GPU_UTILIZATION, QUEUE_DEPTH, adapter_rules
-from fleetserve.deploy.local import free_port
 from fleetserve.deploy.monitoring import MonitoringConfig, render_prometheus
+from tests.deploy.prometheus_server import running_prometheus
 from tests.deploy.test_monitoring import _exported_series
 from tests.procs import Proc, replica
 
@@ -121,15 +118,6 @@ def test_promtool_accepts_the_static_variant(promtool_bin: str, tmp_path: Path) 
     assert result.returncode == 0, result.stdout + result.stderr
 
 
-def _query(base: str, promql: str) -> list[dict[str, Any]]:
-    url = f"{base}/api/v1/query?{urllib.parse.urlencode({'query': promql})}"
-    with urllib.request.urlopen(url, timeout=10) as response:
-        body = json.loads(response.read())
-    assert body["status"] == "success", body
-    result: list[dict[str, Any]] = body["data"]["result"]
-    return result
-
-
 def _queue_depth(proc: Proc) -> float:
     with urllib.request.urlopen(f"{proc.url}/metrics", timeout=5) as response:
         text = response.read().decode()
@@ -149,66 +137,35 @@ def _hold(proc: Proc, count: int) -> None:
         threading.Thread(target=send, daemon=True).start()
 
 
-def _wait(condition: Any, timeout: float, what: str) -> Any:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        value = condition()
-        if value:
-            return value
-        time.sleep(0.2)
-    raise AssertionError(f"{what} not reached within {timeout} s")
-
-
 @pytest.mark.slow
 def test_adapter_queries_return_the_fleets_real_queue_depth(tmp_path: Path) -> None:
-    binary = shutil.which("prometheus")
-    if binary is None:
-        pytest.skip("prometheus is not installed; `make setup` installs it")
     held = {"replica-0": 2, "replica-1": 5}
     extra = ("--max-delay-ms", "60000", "--max-batch", "32", "--drain-grace-s", "0", "--drain-timeout-s", "1")
     with replica("tiny", *extra, grpc=False) as first, replica("tiny", *extra, grpc=False) as second:
         procs = {"replica-0": first, "replica-1": second}
         files = render_prometheus(MonitoringConfig())
-        (tmp_path / "rules.yml").write_text(files["rules.yml"])
         config = static_kubernetes_config(files["prometheus.yml"],
                                           {pod: f"127.0.0.1:{p.port}" for pod, p in procs.items()})
-        (tmp_path / "prometheus.yml").write_text(yaml.safe_dump(config))
-        port = free_port()
-        server = subprocess.Popen(
-            [binary, f"--config.file={tmp_path / 'prometheus.yml'}", f"--storage.tsdb.path={tmp_path / 'data'}",
-             f"--web.listen-address=127.0.0.1:{port}"], stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
-        base = f"http://127.0.0.1:{port}"
-        try:
+        with running_prometheus(tmp_path, config, {"rules.yml": files["rules.yml"]}) as prom:
             for pod, count in held.items():
                 _hold(procs[pod], count)
             for pod, count in held.items():
-                _wait(lambda p=procs[pod], c=count: _queue_depth(p) == c, 30, f"{pod} holding {count} rows")
+                prom.wait(lambda p=procs[pod], c=count: _queue_depth(p) == c, 30, f"{pod} holding {count} rows")
             query = pods_query(QUEUE_DEPTH, NAMESPACE, list(held))
 
             def answered() -> dict[str, float]:
-                try:
-                    rows = _query(base, query)
-                except OSError:
-                    return {}
-                values = {r["metric"]["pod"]: float(r["value"][1]) for r in rows}
+                values = {r["metric"]["pod"]: float(r["value"][1]) for r in prom.query(query)}
                 return values if values == {pod: float(c) for pod, c in held.items()} else {}
 
-            by_pod = _wait(answered, 60, f"Prometheus answering {query} with {held}")
+            by_pod = prom.wait(answered, 60, f"Prometheus answering {query} with {held}")
             assert by_pod == {pod: float(_queue_depth(procs[pod])) for pod in held}
-            one = _query(base, pods_query(QUEUE_DEPTH, NAMESPACE, ["replica-1"]))
+            one = prom.query(pods_query(QUEUE_DEPTH, NAMESPACE, ["replica-1"]))
             assert [(r["metric"], float(r["value"][1])) for r in one] == [({"pod": "replica-1"}, 5.0)]
             # The relabelled target labels the HPA's other rules select on.
-            (up,) = _query(base, 'up{pod="replica-0"}')
+            (up,) = prom.query('up{pod="replica-0"}')
             assert {k: up["metric"][k] for k in ("job", "namespace", "fleet", "component")} == {
                 "job": "fleetserve", "namespace": NAMESPACE, "fleet": "fleetserve", "component": "replica"}
             # Valid PromQL with nothing to return here: no GPU, and no gateway exporting recommendations.
-            assert _query(base, pods_query(GPU_UTILIZATION, NAMESPACE, list(held))) == []
-            assert _query(base, external_query(DESIRED_REPLICAS, NAMESPACE,
-                                               {"rule": "predictive", "fleet": "fleetserve"})) == []
-        finally:
-            server.terminate()
-            try:
-                server.wait(30)
-            except subprocess.TimeoutExpired:
-                server.kill()
-                server.wait(5)
+            assert prom.query(pods_query(GPU_UTILIZATION, NAMESPACE, list(held))) == []
+            assert prom.query(external_query(DESIRED_REPLICAS, NAMESPACE,
+                                             {"rule": "predictive", "fleet": "fleetserve"})) == []
