@@ -3,8 +3,8 @@
 from __future__ import annotations
 
 import re
+import tomllib
 from collections.abc import AsyncIterator
-from importlib.metadata import version
 from pathlib import Path
 
 import grpc
@@ -213,13 +213,7 @@ def test_ipv6_hosts_are_bracketed() -> None:
 
 def test_checked_in_generated_code_is_up_to_date(tmp_path: Path) -> None:
     pytest.importorskip("grpc_tools")
-    checked_in = (generate.PROTO_DIR / "grpc_service_pb2_grpc.py").read_text()
-    match = re.search(r"GRPC_GENERATED_VERSION = '([^']+)'", checked_in)
-    assert match is not None
-    installed = version("grpcio-tools")
-    if installed != match.group(1):
-        pytest.skip(f"grpcio-tools {installed} differs from {match.group(1)}, which generated the checked-in code")
-    generate.generate(tmp_path)
+    generate.generate(tmp_path)  # refuses any grpcio-tools but the pinned one: a newer one raises the floors
     for name in generate.GENERATED:
         assert (tmp_path / name).read_text() == (generate.PROTO_DIR / name).read_text(), (
             f"{name} is stale: run python -m fleetserve.replica.proto.generate"
@@ -260,3 +254,29 @@ def test_schema_matches_the_published_protocol_as_tritonclient_ships_it() -> Non
             theirs.input_type.full_name,
             theirs.output_type.full_name,
         )
+
+
+def _declared_floors() -> dict[str, str]:
+    pyproject = tomllib.loads((Path(__file__).resolve().parents[2] / "pyproject.toml").read_text())
+    floors = {}
+    for requirement in pyproject["project"]["dependencies"]:
+        match = re.fullmatch(r"(grpcio|protobuf)>=(\S+)", requirement)
+        if match:
+            floors[match.group(1)] = match.group(2)
+    return floors
+
+
+def test_generated_code_demands_no_more_than_the_declared_floors() -> None:
+    checked_in = (generate.PROTO_DIR / "grpc_service_pb2_grpc.py").read_text()
+    assert f"GRPC_GENERATED_VERSION = '{generate.GRPCIO_TOOLS_VERSION}'" in checked_in
+    gencode = re.search(r"Protobuf Python Version: (\S+)", (generate.PROTO_DIR / "grpc_service_pb2.py").read_text())
+    assert gencode is not None
+    declared = _declared_floors()
+    assert declared == {"grpcio": generate.GRPCIO_TOOLS_VERSION, "protobuf": gencode.group(1)}
+
+
+def test_generate_refuses_another_grpcio_tools(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(generate, "version", lambda name: "1.99.0")
+    with pytest.raises(RuntimeError, match=r"grpcio-tools 1\.99\.0 would raise the protobuf/grpcio floors"):
+        generate.generate(tmp_path)
+    assert list(tmp_path.iterdir()) == []

@@ -1,6 +1,15 @@
 """Regenerate the protobuf and gRPC Python modules from ``grpc_service.proto`` (needs grpcio-tools).
 
-Run ``python -m fleetserve.replica.proto.generate``. Two edits follow protoc:
+Run ``python -m fleetserve.replica.proto.generate`` with exactly ``grpcio-tools==1.72.1`` installed (the
+``test`` extra pins it). Generated code refuses to load on a runtime older than the compiler that wrote it
+(protobuf's gencode version check; grpcio's ``GRPC_GENERATED_VERSION`` check), so the generator fixes the
+floors in pyproject.toml. 1.72.1 is the oldest grpcio-tools whose protoc writes protobuf 6.30.0 gencode:
+the floor of NVIDIA's newest ``tritonclient`` (``protobuf>=6.30,<7``), and a major version that the protobuf 7
+runtime still loads. Its output demands ``protobuf>=6.30.0`` and ``grpcio>=1.72.1``; ``tests/test_install.py``
+installs the package at those floors, at the newest protobuf and beside the newest tritonclient. A newer
+generator would silently raise both floors, so ``generate`` refuses any other version.
+
+Three edits follow protoc:
 
 * the ``_pb2_grpc`` module imports its ``_pb2`` sibling package-relatively (protoc writes a top-level
   ``import grpc_service_pb2``, which only works with this directory on ``sys.path``);
@@ -15,8 +24,10 @@ from __future__ import annotations
 
 import sys
 import tempfile
+from importlib.metadata import version
 from pathlib import Path
 
+GRPCIO_TOOLS_VERSION = "1.72.1"
 PROTO_DIR = Path(__file__).resolve().parent
 PROTO = PROTO_DIR / "grpc_service.proto"
 GENERATED = ("grpc_service_pb2.py", "grpc_service_pb2.pyi", "grpc_service_pb2_grpc.py")
@@ -37,7 +48,13 @@ _EDITS: dict[str, list[tuple[str, str]]] = {
 
 def generate(out_dir: Path) -> list[Path]:
     """Write the generated modules into ``out_dir`` and return their paths."""
-    from grpc_tools import protoc  # a development dependency: only needed to regenerate
+    installed = version("grpcio-tools")  # a development dependency: only needed to regenerate
+    if installed != GRPCIO_TOOLS_VERSION:
+        raise RuntimeError(
+            f"grpcio-tools {installed} would raise the protobuf/grpcio floors; "
+            f"regenerate with grpcio-tools=={GRPCIO_TOOLS_VERSION} (see this module's docstring)"
+        )
+    from grpc_tools import protoc
 
     with tempfile.TemporaryDirectory() as tmp:
         args = [
