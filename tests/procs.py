@@ -13,6 +13,7 @@ import time
 import urllib.request
 from collections.abc import Iterator
 from dataclasses import dataclass, field
+from pathlib import Path
 
 
 def free_port() -> int:
@@ -54,10 +55,12 @@ def _pump(proc: Proc) -> None:
         proc.lines.append(line)
 
 
-def spawn(args: list[str], port: int, grpc_port: int = 0, env: dict[str, str] | None = None) -> Proc:
+def spawn(args: list[str], port: int, grpc_port: int = 0, env: dict[str, str] | None = None,
+          command: list[str] | None = None, cwd: Path | None = None) -> Proc:
+    """Run ``fleetserve ARGS`` (this interpreter's, unless ``command`` names another) in ``env`` (default: ours)."""
     popen = subprocess.Popen(
-        [sys.executable, "-m", "fleetserve.cli", *args], stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
-        text=True, env={**os.environ, "PYTHONUNBUFFERED": "1", **(env or {})},
+        [*(command or [sys.executable, "-m", "fleetserve.cli"]), *args], stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT, text=True, cwd=cwd, env={**(env or os.environ), "PYTHONUNBUFFERED": "1"},
     )
     proc = Proc(popen, port, grpc_port)
     threading.Thread(target=_pump, args=(proc,), daemon=True).start()
@@ -80,11 +83,12 @@ def wait_http(url: str, timeout: float = 60, status: int = 200, proc: Proc | Non
 
 
 @contextlib.contextmanager
-def replica(model: str = "tiny", *extra: str, grpc: bool = True, ready: bool = True) -> Iterator[Proc]:
+def replica(model: str = "tiny", *extra: str, grpc: bool = True, ready: bool = True, env: dict[str, str] | None = None,
+            command: list[str] | None = None, cwd: Path | None = None) -> Iterator[Proc]:
     port = free_port()
     grpc_port = free_port() if grpc else 0
     proc = spawn(["serve", model, "--host", "127.0.0.1", "--port", str(port), "--grpc-port", str(grpc_port),
-                  "--drain-grace-s", "0.2", *extra], port, grpc_port)
+                  "--drain-grace-s", "0.2", *extra], port, grpc_port, env=env, command=command, cwd=cwd)
     try:
         if ready:
             wait_http(f"{proc.url}/v2/health/ready", proc=proc)
