@@ -1,17 +1,13 @@
 """Suite-wide fixtures: an isolated FLEETSERVE_HOME shared by the session (exports and engines are reused
-across tests; each export costs seconds), and helpers to find torch."""
+across tests; each export costs seconds)."""
 
 from __future__ import annotations
 
-import importlib.util
 import os
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-
-HAS_TORCH = importlib.util.find_spec("torch") is not None and importlib.util.find_spec("transformers") is not None
-needs_torch = pytest.mark.skipif(not HAS_TORCH, reason="model export needs torch + transformers (export extra)")
 
 
 @pytest.fixture(scope="session", autouse=True)

@@ -10,8 +10,7 @@ import numpy as np
 import pytest
 
 from fleetserve.batching import Batcher, BatcherConfig, BatchObserver
-
-from .tiny_encoder import VOCAB, Gate, OrtInstance, TinyEngine, build_tiny_encoder
+from tests.support.tiny_encoder import VOCAB, Gate, OrtInstance, TinyEngine, build_tiny_encoder
 
 
 @pytest.fixture(scope="session")

@@ -17,8 +17,7 @@ import pytest
 
 from fleetserve.batching import Batcher, BatcherConfig
 from fleetserve.errors import InvalidInput, NotReady, Overloaded, RequestExpired
-
-from .tiny_encoder import HIDDEN, Gate, TinyEngine
+from tests.support.tiny_encoder import HIDDEN, Gate, TinyEngine
 
 MakeBatcher = Callable[..., Batcher]
 MakeRequest = Callable[..., dict[str, np.ndarray]]

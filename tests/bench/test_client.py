@@ -4,16 +4,15 @@ from __future__ import annotations
 
 import asyncio
 import time
-from collections.abc import AsyncIterator, Awaitable, Callable
 
 import pytest
 
 from fleetserve.bench.client import CLIENTS, ClientConfig, HttpClient, RequestError, client_name, open_client
 from fleetserve.bench.workloads import Payload
-from tests.bench.conftest import TargetServer, refused_url
+from tests.support.rawserver import read_request, serving
+from tests.support.target import TargetServer, refused_url
 
 PAYLOAD = Payload("/inference", b'{"texts": ["red shoe"]}', headers=(("X-Extra", "1"),))
-RawHandler = Callable[[asyncio.StreamReader, asyncio.StreamWriter], Awaitable[None]]
 
 
 @pytest.fixture(params=sorted(CLIENTS))
@@ -23,22 +22,6 @@ def name(request: pytest.FixtureRequest) -> str:
 
 async def started(name: str, url: str, **kwargs: object) -> HttpClient:
     return await open_client(name, ClientConfig(url, **kwargs))  # type: ignore[arg-type]
-
-
-async def raw_server(handler: RawHandler) -> AsyncIterator[str]:
-    srv = await asyncio.start_server(handler, "127.0.0.1", 0)
-    try:
-        yield f"http://127.0.0.1:{srv.sockets[0].getsockname()[1]}"
-    finally:
-        srv.close()
-
-
-async def read_request(reader: asyncio.StreamReader) -> None:
-    head = await reader.readuntil(b"\r\n\r\n")
-    length = next(
-        int(v) for k, _, v in (ln.partition(b":") for ln in head.split(b"\r\n")) if k.lower() == b"content-length"
-    )
-    await reader.readexactly(length)
 
 
 async def test_sends_body_headers_and_path_prefix(name: str, server: TargetServer) -> None:
@@ -106,8 +89,8 @@ async def test_connection_closed_before_the_response(name: str) -> None:
         writer.write(b"HTTP/1.1 200 OK\r\nContent-Length: 100\r\n\r\npartial")
         writer.close()
 
-    async for url in raw_server(hang_up):
-        client = await started(name, url)
+    async with serving(hang_up) as server:
+        client = await started(name, server.url)
         try:
             with pytest.raises(RequestError) as info:
                 await client.send(client.prepare(PAYLOAD))
@@ -129,8 +112,8 @@ async def test_chunked_and_connection_close_responses(name: str) -> None:
         await writer.drain()
         writer.close()
 
-    async for url in raw_server(answer):
-        client = await started(name, url, connections=1)
+    async with serving(answer) as server:
+        client = await started(name, server.url, connections=1)
         try:
             prepared = client.prepare(PAYLOAD)
             assert [await client.send(prepared) for _ in range(4)] == [201, 202, 201, 202]

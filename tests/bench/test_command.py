@@ -11,7 +11,7 @@ import pytest
 from fleetserve import cli
 from fleetserve.bench.command import BenchOptions, run
 from fleetserve.bench.report import LoadReport
-from tests.bench.conftest import TargetServer, refused_url
+from tests.support.target import TargetServer, refused_url
 
 
 def parse(*argv: str) -> BenchOptions:

@@ -9,8 +9,8 @@ import pytest
 from fleetserve.bench.client import ClientConfig, RequestError
 from fleetserve.bench.fastclient import FastClient
 from fleetserve.bench.workloads import Payload
-from tests.bench.conftest import TargetServer
-from tests.bench.test_client import raw_server, read_request
+from tests.support.rawserver import read_request, serving
+from tests.support.target import TargetServer
 
 PAYLOAD = Payload("/inference", b"{}")
 
@@ -72,8 +72,8 @@ async def test_idle_connections_closed_by_the_server_are_replaced() -> None:
         await writer.drain()
         writer.close()
 
-    async for url in raw_server(one_then_close):
-        client = await fast(url, connections=2)
+    async with serving(one_then_close) as server:
+        client = await fast(server.url, connections=2)
         try:
             for _ in range(3):
                 assert await client.send(client.prepare(PAYLOAD)) == 200
@@ -89,8 +89,8 @@ async def test_garbage_response_is_a_protocol_error() -> None:
         writer.write(b"NOT HTTP AT ALL\r\n\r\n")
         await writer.drain()
 
-    async for url in raw_server(garbage):
-        client = await fast(url)
+    async with serving(garbage) as server:
+        client = await fast(server.url)
         try:
             with pytest.raises(RequestError) as info:
                 await client.send(client.prepare(PAYLOAD))

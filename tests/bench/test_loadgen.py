@@ -10,7 +10,7 @@ from typing import Any
 import pytest
 
 from fleetserve.bench.loadgen import LoadConfig, run_load
-from tests.bench.conftest import TargetServer, refused_url
+from tests.support.target import TargetServer, refused_url
 
 
 def open_loop(url: str, **kwargs: Any) -> LoadConfig:

@@ -6,7 +6,7 @@ from pathlib import Path
 import pytest
 
 from fleetserve.bench.plot import PlotUnavailable, plot_report
-from tests.bench.test_report import report
+from tests.support.reports import report
 
 
 def test_plot_writes_a_png(tmp_path: Path) -> None:

@@ -7,7 +7,7 @@ import asyncio
 import pytest
 
 from fleetserve.bench.loadgen import LoadConfig, run_load
-from tests.bench.conftest import TargetServer
+from tests.support.target import TargetServer
 
 
 async def test_two_processes_share_the_rate_and_merge(server: TargetServer) -> None:

@@ -21,7 +21,7 @@ from typing import Any, TypeVar
 import pytest
 import yaml
 
-from tests.procs import free_port
+from tests.support.procs import free_port
 
 T = TypeVar("T")
 

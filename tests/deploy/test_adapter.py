@@ -20,7 +20,7 @@ from fleetserve.deploy.adapter import DESIRED_REPLICAS, GPU_UTILIZATION, QUEUE_D
 from fleetserve.deploy.monitoring import MonitoringConfig, render_prometheus
 from tests.deploy.prometheus_server import running_prometheus
 from tests.deploy.test_monitoring import _exported_series
-from tests.procs import Proc, replica
+from tests.support.procs import Proc, replica
 
 
 def _rule(name: str, kind: str = "rules") -> dict[str, Any]:

@@ -23,7 +23,7 @@ from fleetserve.deploy.local import EnvoyProcess
 from fleetserve.gateway.edge.config import EdgeConfig, RateLimitRule
 from fleetserve.gateway.edge.jwtconfig import JwtConfig, KeySpec
 from tests.deploy.test_local import infer, served
-from tests.procs import Proc, replica
+from tests.support.procs import Proc, replica
 
 V2_BODY = json.dumps({"inputs": [
     {"name": name, "shape": [1, 4], "datatype": "INT64", "data": data}

@@ -22,7 +22,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.procs import free_port, wait_http
+from tests.support.procs import free_port, wait_http
 
 REPO = Path(__file__).parents[2]
 BASE = "localhost/fleetserve-test-base:bookworm"

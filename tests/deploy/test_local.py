@@ -17,7 +17,7 @@ from pathlib import Path
 import pytest
 
 from fleetserve.deploy.local import HaproxyProcess, NginxProcess, ProxyProcess
-from tests.procs import Proc, replica
+from tests.support.procs import Proc, replica
 
 BODY = json.dumps({"texts": ["a short query"]}).encode()
 _COUNT = re.compile(r'^fleetserve_requests_total\{(?=[^}]*code="200")[^}]*\} ([0-9.e+]+)$', re.M)

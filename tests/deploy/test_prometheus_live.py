@@ -20,8 +20,8 @@ import yaml
 
 from fleetserve.deploy.monitoring import MonitoringConfig, panels, render_prometheus
 from tests.deploy.prometheus_server import Prometheus, running_prometheus
-from tests.procs import gateway, replica
 from tests.steady_load import steady_load
+from tests.support.procs import gateway, replica
 
 RATE = 40.0
 WINDOW_S = 15

@@ -14,7 +14,7 @@ from fleetserve.engine.calibration import calibration_texts
 from fleetserve.engine.config import EngineConfig
 from fleetserve.models.store import ModelStore
 from fleetserve.models.tokenizer import TextTokenizer
-from tests.conftest import needs_torch
+from tests.support.markers import needs_torch
 
 
 def _encode(model: str, texts: list[str]) -> dict[str, np.ndarray]:

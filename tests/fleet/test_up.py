@@ -7,7 +7,7 @@ import signal
 import time
 import urllib.request
 
-from tests.procs import Proc, free_port, spawn, wait_http
+from tests.support.procs import Proc, free_port, spawn, wait_http
 
 
 def test_an_engine_backend_in_the_environment_reaches_the_replicas_and_not_the_gateway() -> None:

@@ -6,7 +6,8 @@ from collections.abc import Awaitable, Callable
 
 import aiohttp
 
-from tests.gateway.conftest import FakeReplica, StartGateway
+from tests.support.fake_replica import FakeReplica
+from tests.support.gateways import StartGateway
 
 StartReplicas = Callable[[int], Awaitable[list[FakeReplica]]]
 

@@ -9,7 +9,8 @@ from aiohttp import web
 from aiohttp.typedefs import Handler, Middleware
 from prometheus_client import CollectorRegistry
 
-from tests.gateway.conftest import FakeReplica, StartGateway
+from tests.support.fake_replica import FakeReplica
+from tests.support.gateways import StartGateway
 
 StartReplicas = Callable[[int], Awaitable[list[FakeReplica]]]
 

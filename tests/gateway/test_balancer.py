@@ -10,16 +10,9 @@ from fleetserve.gateway.endpoint import Endpoint
 from fleetserve.gateway.health import HealthState
 from fleetserve.gateway.load import HEADER_INFLIGHT, HEADER_QUEUE_DEPTH
 from fleetserve.gateway.policies import RequestContext
+from tests.support.clock import FakeClock
 
 CTX = RequestContext()
-
-
-class FakeClock:
-    def __init__(self) -> None:
-        self.now = 1000.0
-
-    def __call__(self) -> float:
-        return self.now
 
 
 class Recorder:
@@ -37,7 +30,7 @@ class Recorder:
 
 
 def make(n: int = 3, **config: Any) -> tuple[Balancer, list[Endpoint], FakeClock, Recorder]:
-    clock = FakeClock()
+    clock = FakeClock(1000.0)
     recorder = Recorder()
     balancer = Balancer(
         BalancerConfig(policy="round-robin", **config), clock=clock, rng=random.Random(3), observer=recorder

@@ -13,8 +13,8 @@ import aiohttp
 import pytest
 
 from fleetserve.bench.browser import BrowserUnavailable, Page, find_chromium, launch
-from tests.procs import gateway, replica
 from tests.steady_load import steady_load
+from tests.support.procs import gateway, replica
 
 OUT = Path(__file__).parents[2] / "out"
 RATE = 25.0  # requests/s of load: enough for every replica to show traffic and latency, light on 2 cores

@@ -9,7 +9,8 @@ from typing import Any
 import aiohttp
 import pytest
 
-from tests.gateway.conftest import FakeReplica, StartGateway
+from tests.support.fake_replica import FakeReplica
+from tests.support.gateways import StartGateway
 
 StartReplicas = Callable[[int], Awaitable[list[FakeReplica]]]
 

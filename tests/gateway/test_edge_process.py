@@ -27,8 +27,8 @@ from cryptography.hazmat.primitives import serialization
 from cryptography.hazmat.primitives.asymmetric import ec, rsa
 
 from fleetserve.bench.loadgen import LoadConfig, run_load
-from tests.gateway.conftest import FakeReplica
-from tests.procs import Proc, free_port, replica, spawn, wait_http
+from tests.support.fake_replica import FakeReplica
+from tests.support.procs import Proc, free_port, replica, spawn, wait_http
 
 ISSUER = "https://issuer.test"
 AUDIENCE = "fleetserve"

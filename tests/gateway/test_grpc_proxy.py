@@ -19,7 +19,7 @@ from fleetserve.gateway.endpoint import Endpoint
 from fleetserve.gateway.grpc_proxy import GrpcProxy, grpc_target, start_grpc_server
 from fleetserve.gateway.metrics import GatewayMetrics
 from fleetserve.telemetry.tracing import parse_traceparent
-from tests.gateway.conftest import gateway_config
+from tests.support.gateways import gateway_config
 
 SERVICE = "/inference.GRPCInferenceService/"
 INFER = SERVICE + "ModelInfer"

@@ -15,7 +15,8 @@ from fleetserve.gateway.edge import EdgeConfig, InputLimits, RateLimitRule, Shed
 from fleetserve.gateway.edge.ratelimit import RateLimitMiddleware
 from fleetserve.gateway.guards import RATELIMIT_ENTRIES, EdgeGuards
 from fleetserve.gateway.server import serve_gateway
-from tests.gateway.conftest import FakeReplica, StartGateway, gateway_config
+from tests.support.fake_replica import FakeReplica
+from tests.support.gateways import StartGateway, gateway_config
 
 StartReplicas = Callable[[int], Awaitable[list[FakeReplica]]]
 INFER = "/v2/models/m/infer"

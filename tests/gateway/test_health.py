@@ -14,6 +14,7 @@ from fleetserve.gateway.health import (
     run_health_checks,
 )
 from fleetserve.gateway.policies import RequestContext
+from tests.support.clock import FakeClock
 
 CFG = HealthConfig(unhealthy_threshold=3, healthy_threshold=2)
 
@@ -60,16 +61,13 @@ def test_config_validation(kwargs: dict[str, float], message: str) -> None:
         HealthConfig(**kwargs)  # type: ignore[arg-type]
 
 
-class FakeTime:
+class FakeTime(FakeClock):
     """Clock plus sleep: sleeping advances the clock; after ``rounds`` sleeps it stops the loop."""
 
     def __init__(self, rounds: int) -> None:
-        self.now = 0.0
+        super().__init__()
         self.sleeps: list[float] = []
         self._rounds = rounds
-
-    def __call__(self) -> float:
-        return self.now
 
     async def sleep(self, seconds: float) -> None:
         self.sleeps.append(seconds)

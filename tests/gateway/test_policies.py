@@ -18,16 +18,9 @@ from fleetserve.gateway.load import (
 from fleetserve.gateway.policies import POLICIES, RequestContext, create_policy, load_policy, policy_names
 from fleetserve.gateway.policies.base import Policy
 from fleetserve.gateway.slowstart import SlowStartConfig
+from tests.support.clock import FakeClock
 
 CTX = RequestContext(path="/v2/models/minilm/infer", request_id="r1")
-
-
-class FakeClock:
-    def __init__(self) -> None:
-        self.now = 100.0
-
-    def __call__(self) -> float:
-        return self.now
 
 
 def fleet(n: int) -> list[Endpoint]:
@@ -35,7 +28,7 @@ def fleet(n: int) -> list[Endpoint]:
 
 
 def balancer_with(policy: str, n: int) -> tuple[Balancer, list[Endpoint], FakeClock]:
-    clock = FakeClock()
+    clock = FakeClock(100.0)
     balancer = Balancer(BalancerConfig(policy=policy), clock=clock, rng=random.Random(7))
     endpoints = fleet(n)
     for ep in endpoints:
@@ -147,7 +140,7 @@ class Signals:
 
 
 def make(name: str, endpoints: list[Endpoint], seed: int = 1) -> tuple[Policy, Signals, FakeClock]:
-    clock = FakeClock()
+    clock = FakeClock(100.0)
     signals = Signals(endpoints, clock)
     return create_policy(name, signals, clock=clock, rng=random.Random(seed)), signals, clock
 
@@ -287,8 +280,8 @@ def test_p2c_peak_ewma_does_not_starve_a_new_endpoint() -> None:
 
 
 
-    now = [0.0]
-    balancer = Balancer(BalancerConfig(policy="p2c-peak-ewma"), clock=lambda: now[0], rng=random.Random(3))
+    clock = FakeClock()
+    balancer = Balancer(BalancerConfig(policy="p2c-peak-ewma"), clock=clock, rng=random.Random(3))
     warm = [Endpoint.from_url(f"http://10.0.0.{i}:8000") for i in (1, 2)]
     for ep in warm:
         balancer.apply(Insert(ep))
@@ -297,7 +290,7 @@ def test_p2c_peak_ewma_does_not_starve_a_new_endpoint() -> None:
         ep = balancer.pick(ctx)
         assert ep is not None
         balancer.start(ep).finish(status=200, latency_s=0.003)
-        now[0] += 0.01
+        clock.advance(0.01)
     new = Endpoint.from_url("http://10.0.0.3:8000")
     balancer.apply(Insert(new))
     picks = []
@@ -306,5 +299,5 @@ def test_p2c_peak_ewma_does_not_starve_a_new_endpoint() -> None:
         assert ep is not None
         picks.append(ep)
         balancer.start(ep).finish(status=200, latency_s=0.003)
-        now[0] += 0.01
+        clock.advance(0.01)
     assert picks.count(new) >= 10

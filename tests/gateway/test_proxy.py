@@ -11,7 +11,9 @@ import aiohttp
 
 from fleetserve.gateway.balancer import BalancerConfig
 from fleetserve.telemetry.tracing import parse_traceparent
-from tests.gateway.conftest import FakeReplica, Handler, RawServer, StartGateway, read_request
+from tests.support.fake_replica import FakeReplica
+from tests.support.gateways import StartGateway
+from tests.support.rawserver import Handler, RawServer, read_request
 
 StartReplicas = Callable[[int], Awaitable[list[FakeReplica]]]
 StartRaw = Callable[[Handler], Awaitable[RawServer]]

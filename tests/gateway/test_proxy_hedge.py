@@ -11,7 +11,8 @@ import aiohttp
 
 from fleetserve.gateway.balancer import BalancerConfig
 from fleetserve.gateway.hedge import HedgeConfig
-from tests.gateway.conftest import FakeReplica, StartGateway
+from tests.support.fake_replica import FakeReplica
+from tests.support.gateways import StartGateway
 
 StartReplicas = Callable[[int], Awaitable[list[FakeReplica]]]
 INFER = "/v2/models/m/infer"

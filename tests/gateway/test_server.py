@@ -23,8 +23,9 @@ from fleetserve.gateway.balancer import BalancerConfig
 from fleetserve.gateway.command import GatewayOptions
 from fleetserve.gateway.config import GatewayConfig
 from fleetserve.gateway.server import serve_gateway
-from tests.gateway.conftest import FakeReplica, StartGateway, gateway_config
-from tests.procs import free_port
+from tests.support.fake_replica import FakeReplica
+from tests.support.gateways import StartGateway, gateway_config
+from tests.support.procs import free_port
 
 StartReplicas = Callable[[int], Awaitable[list[FakeReplica]]]
 

@@ -8,16 +8,9 @@ from fleetserve.gateway.discovery import Insert
 from fleetserve.gateway.endpoint import Endpoint
 from fleetserve.gateway.policies import RequestContext
 from fleetserve.gateway.slowstart import SlowStartConfig, SlowStartRamp
+from tests.support.clock import FakeClock
 
 CTX = RequestContext()
-
-
-class FakeClock:
-    def __init__(self) -> None:
-        self.now = 0.0
-
-    def __call__(self) -> float:
-        return self.now
 
 
 def ramp(window: float, **kwargs: float) -> SlowStartRamp:

@@ -22,7 +22,8 @@ from fleetserve.gateway.upstream import (
     UpstreamTimeout,
     parse_upstream_url,
 )
-from tests.gateway.conftest import Handler, RawServer, read_request, response
+from tests.support.clock import FakeClock
+from tests.support.rawserver import Handler, RawServer, read_request, response
 
 StartRaw = Callable[[Handler], Awaitable[RawServer]]
 
@@ -353,14 +354,14 @@ async def test_unsolicited_bytes_on_an_idle_connection_drop_it(raw_server: Start
 
 
 async def test_idle_timeout_uses_the_injected_clock(raw_server: StartRaw) -> None:
-    now = [100.0]
+    clock = FakeClock(100.0)
     server = await raw_server(keep_alive_server())
-    pool = UpstreamPool(server.url, PoolConfig(idle_timeout_s=10), clock=lambda: now[0])
+    pool = UpstreamPool(server.url, PoolConfig(idle_timeout_s=10), clock=clock)
     await pool.request("GET", "/")
-    now[0] += 9.0
+    clock.advance(9.0)
     await pool.request("GET", "/")
     assert server.connections == 1
-    now[0] += 10.0
+    clock.advance(10.0)
     await pool.request("GET", "/")
     assert server.connections == 2
     await pool.close()

@@ -8,7 +8,7 @@ import pytest
 
 from fleetserve.models.store import ModelStore
 from fleetserve.models.tokenizer import TextTokenizer
-from tests.conftest import needs_torch
+from tests.support.markers import needs_torch
 
 TEXTS = [
     "wireless earbuds",

@@ -24,8 +24,8 @@ from fleetserve.replica.codec import (
     encode_infer_response,
     tensor_to_raw,
 )
-
-from .conftest import JSON_VALUES, MODELS, FakeModel, make_math_model, make_text_model, objects, requests
+from tests.support.fake_models import FakeModel, make_math_model, make_text_model
+from tests.support.kserve_strategies import JSON_VALUES, MODELS, objects, requests
 
 LIMITS = CodecLimits(max_elements_per_tensor=1000, max_total_bytes=64 << 10, max_json_bytes=64 << 10)
 NUMERIC = [d for d in DATATYPES if d != "BYTES"]

@@ -20,8 +20,7 @@ from fleetserve.replica.model import ModelRepository
 from fleetserve.replica.proto import generate
 from fleetserve.replica.proto import grpc_service_pb2 as pb
 from fleetserve.replica.proto import grpc_service_pb2_grpc as pb_grpc
-
-from .conftest import FakeModel
+from tests.support.fake_models import FakeModel
 
 
 async def _start(repo: ModelRepository, limits: CodecLimits, **config: int) -> GrpcServerHandle:

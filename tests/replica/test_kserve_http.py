@@ -15,8 +15,7 @@ from fleetserve.errors import InvalidInput, Overloaded, RequestExpired
 from fleetserve.replica.codec import HEADER_LENGTH, CodecLimits
 from fleetserve.replica.kserve_http import add_kserve_routes
 from fleetserve.replica.model import ModelRepository
-
-from .conftest import FakeModel
+from tests.support.fake_models import FakeModel
 
 MAX_BODY = 256 << 10
 

@@ -12,7 +12,7 @@ import urllib.request
 import numpy as np
 import pytest
 
-from tests.procs import replica
+from tests.support.procs import replica
 
 
 def post(url: str, body: bytes, timeout: float = 30) -> tuple[int, dict[str, object], dict[str, str]]:

@@ -20,8 +20,7 @@ from fleetserve.replica.codec import CodecLimits
 from fleetserve.replica.grpc_server import GrpcServerConfig, GrpcServerHandle, start_grpc_server
 from fleetserve.replica.kserve_http import add_kserve_routes
 from fleetserve.replica.model import ModelRepository
-
-from .conftest import FakeModel, make_math_model, make_text_model
+from tests.support.fake_models import FakeModel, make_math_model, make_text_model
 
 httpclient = pytest.importorskip("tritonclient.http")
 grpcclient = pytest.importorskip("tritonclient.grpc")

@@ -11,7 +11,7 @@ from collections.abc import Iterator
 import pytest
 
 from fleetserve.telemetry import logs
-from tests.procs import gateway, replica
+from tests.support.procs import gateway, replica
 
 
 @pytest.fixture

@@ -18,7 +18,8 @@ from aiohttp.test_utils import TestClient, TestServer
 from fleetserve.gateway.edge.auth import JwtAuthMiddleware, challenge
 from fleetserve.gateway.edge.identity import StripIdentityHeaders
 from fleetserve.gateway.edge.jwtconfig import JwtConfig, KeySpec, RouteScope
-from tests.gateway.edge.conftest import AUDIENCE, HMAC_SECRET, ISSUER, ServeFn, SigningKey, claims, write
+from tests.support.clock import FakeClock
+from tests.support.jwt_keys import AUDIENCE, HMAC_SECRET, ISSUER, ServeFn, SigningKey, claims, write
 
 Client = TestClient[web.Request, web.Application]
 
@@ -201,14 +202,6 @@ def test_challenge_quotes_only_safe_characters() -> None:
     assert challenge() == "Bearer"
     value = challenge("invalid_token", "unknown key id 'a\"b\\c\r\n\u00e9'")
     assert value == 'Bearer error="invalid_token", error_description="unknown key id \'a?b?c???\'"'
-
-
-class FakeClock:
-    def __init__(self) -> None:
-        self.now = 0.0
-
-    def __call__(self) -> float:
-        return self.now
 
 
 async def test_rotated_jwks_key_is_picked_up_through_the_middleware(

@@ -14,7 +14,7 @@ from aiohttp import web
 from fleetserve.gateway.edge.config import InputLimits
 from fleetserve.gateway.edge.connections import GuardedTCPSite
 from fleetserve.gateway.edge.limits import server_kwargs
-from tests.gateway.edge.conftest import echo
+from tests.support.jwt_keys import echo
 
 HEAD_TIMEOUT = 0.5
 REQUEST = b"GET /v2/models HTTP/1.1\r\nHost: t\r\n\r\n"

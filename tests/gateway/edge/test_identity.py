@@ -14,7 +14,7 @@ from fleetserve.gateway.edge.identity import (
     identity_headers,
     identity_of,
 )
-from tests.gateway.edge.conftest import ServeFn
+from tests.support.jwt_keys import ServeFn
 
 
 async def test_client_sent_identity_headers_never_reach_the_handler(serve: ServeFn) -> None:

@@ -18,7 +18,7 @@ from fleetserve.gateway.edge.keys import (
     load_secret,
     make_key,
 )
-from tests.gateway.edge.conftest import SigningKey, write
+from tests.support.jwt_keys import SigningKey, write
 
 
 def test_pem_public_key_allows_its_configured_family(tmp_path: Path, signing_keys: dict[str, SigningKey]) -> None:

@@ -14,15 +14,8 @@ from aiohttp.test_utils import TestServer
 
 from fleetserve.gateway.edge.jwtconfig import JwtConfig, KeySpec
 from fleetserve.gateway.edge.keyset import MAX_JWKS_BYTES, KeyLookupError, KeySet
-from tests.gateway.edge.conftest import SigningKey
-
-
-class FakeClock:
-    def __init__(self) -> None:
-        self.now = 1000.0
-
-    def __call__(self) -> float:
-        return self.now
+from tests.support.clock import FakeClock
+from tests.support.jwt_keys import SigningKey
 
 
 @dataclass
@@ -69,7 +62,7 @@ def _keyset(url: str, clock: FakeClock) -> KeySet:
 async def test_fetch_on_first_use_and_refresh_on_a_rotated_kid(
     jwks_server: JwksServer, signing_keys: dict[str, SigningKey]
 ) -> None:
-    clock = FakeClock()
+    clock = FakeClock(1000.0)
     keys = _keyset(jwks_server.url, clock)
     jwks_server.document = {"keys": [signing_keys["rsa"].jwk("k1")]}
     assert [k.kid for k in await keys.select("k1", "RS256")] == ["k1"]
@@ -89,7 +82,7 @@ async def test_fetch_on_first_use_and_refresh_on_a_rotated_kid(
 async def test_unknown_kids_cannot_hammer_the_key_server(
     jwks_server: JwksServer, signing_keys: dict[str, SigningKey]
 ) -> None:
-    clock = FakeClock()
+    clock = FakeClock(1000.0)
     keys = _keyset(jwks_server.url, clock)
     jwks_server.document = {"keys": [signing_keys["rsa"].jwk("k1")]}
     for i in range(100):
@@ -104,7 +97,7 @@ async def test_unknown_kids_cannot_hammer_the_key_server(
 
 
 async def test_periodic_refresh_when_stale(jwks_server: JwksServer, signing_keys: dict[str, SigningKey]) -> None:
-    clock = FakeClock()
+    clock = FakeClock(1000.0)
     keys = _keyset(jwks_server.url, clock)
     jwks_server.document = {"keys": [signing_keys["rsa"].jwk("k1")]}
     await keys.select("k1", "RS256")
@@ -117,7 +110,7 @@ async def test_periodic_refresh_when_stale(jwks_server: JwksServer, signing_keys
 
 
 async def test_concurrent_refreshes_are_merged(jwks_server: JwksServer, signing_keys: dict[str, SigningKey]) -> None:
-    clock = FakeClock()
+    clock = FakeClock(1000.0)
     keys = _keyset(jwks_server.url, clock)
     jwks_server.document = {"keys": [signing_keys["rsa"].jwk("k1")]}
     jwks_server.delay_s = 0.05
@@ -133,7 +126,7 @@ async def test_concurrent_refreshes_are_merged(jwks_server: JwksServer, signing_
 async def test_failed_refresh_keeps_the_old_keys(
     jwks_server: JwksServer, signing_keys: dict[str, SigningKey], status: int, document: Any
 ) -> None:
-    clock = FakeClock()
+    clock = FakeClock(1000.0)
     keys = _keyset(jwks_server.url, clock)
     jwks_server.document = {"keys": [signing_keys["rsa"].jwk("k1")]}
     await keys.select("k1", "RS256")
@@ -144,7 +137,7 @@ async def test_failed_refresh_keeps_the_old_keys(
 
 
 async def test_unreachable_key_server_means_unknown_key() -> None:
-    keys = _keyset("http://127.0.0.1:9/jwks.json", FakeClock())
+    keys = _keyset("http://127.0.0.1:9/jwks.json", FakeClock(1000.0))
     with pytest.raises(KeyLookupError, match="unknown key id 'k1'"):
         await keys.select("k1", "RS256")
     with pytest.raises(KeyLookupError, match="no key allows algorithm RS256"):

@@ -14,7 +14,7 @@ from aiohttp.typedefs import Middleware
 
 from fleetserve.gateway.edge.config import InputLimits
 from fleetserve.gateway.edge.limits import BodyLimits, HeadLimits, app_kwargs, server_kwargs
-from tests.gateway.edge.conftest import ServeFn
+from tests.support.jwt_keys import ServeFn
 
 
 class Recorder:

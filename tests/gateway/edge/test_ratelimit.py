@@ -10,15 +10,8 @@ from aiohttp.typedefs import Handler
 from fleetserve.gateway.edge.config import RateLimitRule, parse_networks
 from fleetserve.gateway.edge.identity import IDENTITY_KEY, Identity
 from fleetserve.gateway.edge.ratelimit import BucketTable, RateLimiter, RateLimitMiddleware, Refusal
-from tests.gateway.edge.conftest import ServeFn
-
-
-class FakeClock:
-    def __init__(self) -> None:
-        self.now = 100.0
-
-    def __call__(self) -> float:
-        return self.now
+from tests.support.clock import FakeClock
+from tests.support.jwt_keys import ServeFn
 
 
 def _admit(limiter: RateLimiter, path: str, key: str) -> Refusal | None:
@@ -41,7 +34,7 @@ def _drive(limiter: RateLimiter, clock: FakeClock, clients: dict[str, float], se
 
 @pytest.mark.parametrize(("rate", "burst"), [(10.0, 20), (100.0, 1), (0.5, 5), (37.0, 50)])
 def test_three_times_the_rate_admits_rate_times_time_plus_burst(rate: float, burst: int) -> None:
-    clock = FakeClock()
+    clock = FakeClock(100.0)
     limiter = RateLimiter([RateLimitRule(rate=rate, burst=burst)], clock)
     seconds = 10.0
     admitted = _drive(limiter, clock, {"greedy": 3 * rate, "polite": rate / 2}, seconds)
@@ -51,7 +44,7 @@ def test_three_times_the_rate_admits_rate_times_time_plus_burst(rate: float, bur
 
 
 def test_refusal_reports_retry_after_and_reset() -> None:
-    clock = FakeClock()
+    clock = FakeClock(100.0)
     rule = RateLimitRule(rate=2.0, burst=4)
     limiter = RateLimiter([rule], clock)
     for _ in range(4):
@@ -72,7 +65,7 @@ def test_refusal_reports_retry_after_and_reset() -> None:
 
 
 def test_rules_apply_all_or_nothing() -> None:
-    clock = FakeClock()
+    clock = FakeClock(100.0)
     limiter = RateLimiter(
         [RateLimitRule(rate=0.001, burst=5), RateLimitRule(rate=0.001, burst=2, prefix="/v2/models")], clock
     )
@@ -87,7 +80,7 @@ def test_rules_apply_all_or_nothing() -> None:
 
 
 def test_table_stays_at_its_cap_with_100k_addresses() -> None:
-    clock = FakeClock()
+    clock = FakeClock(100.0)
     limiter = RateLimiter([RateLimitRule(rate=1.0, burst=3, max_entries=10_000)], clock)
     for i in range(100_000):
         clock.now += 0.0001
@@ -108,7 +101,7 @@ def test_lru_keeps_active_clients_and_forgets_idle_ones() -> None:
 
 
 async def test_http_429_with_headers_per_forwarded_client(serve: ServeFn) -> None:
-    clock = FakeClock()
+    clock = FakeClock(100.0)
     limiter = RateLimiter([RateLimitRule(rate=1.0, burst=2)], clock)
     middleware = RateLimitMiddleware(limiter, parse_networks(["127.0.0.1/32"]), exempt_paths=("/healthz",))
     client = await serve([middleware])
@@ -128,7 +121,7 @@ async def test_http_429_with_headers_per_forwarded_client(serve: ServeFn) -> Non
 
 
 async def test_subject_keys_share_a_bucket_across_addresses(serve: ServeFn) -> None:
-    clock = FakeClock()
+    clock = FakeClock(100.0)
 
     @web.middleware
     async def fake_auth(request: web.Request, handler: Handler) -> web.StreamResponse:

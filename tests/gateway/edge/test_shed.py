@@ -10,7 +10,7 @@ from aiohttp.typedefs import Handler
 
 from fleetserve.gateway.edge.config import ShedConfig
 from fleetserve.gateway.edge.shed import ConcurrencyLimiter, LoadShedMiddleware
-from tests.gateway.edge.conftest import ServeFn
+from tests.support.jwt_keys import ServeFn
 
 
 async def test_requests_beyond_the_cap_are_refused_at_once(serve: ServeFn) -> None:

@@ -16,15 +16,8 @@ from fleetserve.gateway.edge.metrics import REASONS, PrometheusRejections
 from fleetserve.gateway.edge.ratelimit import RateLimitMiddleware
 from fleetserve.gateway.edge.shed import LoadShedMiddleware
 from fleetserve.gateway.edge.stack import LAYERS, build_middlewares
-from tests.gateway.edge.conftest import AUDIENCE, ISSUER, ServeFn, SigningKey, claims, write
-
-
-class FakeClock:
-    def __init__(self) -> None:
-        self.now = 0.0
-
-    def __call__(self) -> float:
-        return self.now
+from tests.support.clock import FakeClock
+from tests.support.jwt_keys import AUDIENCE, ISSUER, ServeFn, SigningKey, claims, write
 
 
 def _full(tmp_path: Path, keys: dict[str, SigningKey]) -> EdgeConfig:

@@ -12,7 +12,8 @@ from fleetserve.gateway.edge.identity import Identity
 from fleetserve.gateway.edge.jwtconfig import JwtConfig, KeySpec
 from fleetserve.gateway.edge.keyset import KeySet
 from fleetserve.gateway.edge.tokens import AuthError, TokenCache, TokenVerifier
-from tests.gateway.edge.conftest import AUDIENCE, HMAC_SECRET, ISSUER, SigningKey, write
+from tests.support.clock import FakeClock
+from tests.support.jwt_keys import AUDIENCE, HMAC_SECRET, ISSUER, SigningKey, write
 
 NOW = 1_800_000_000.0
 
@@ -23,14 +24,6 @@ ALGORITHMS = [
     ("ed25519", "EdDSA"), ("ed448", "EdDSA"),
     ("hmac", "HS256"), ("hmac", "HS384"), ("hmac", "HS512"),
 ]  # fmt: skip
-
-
-class FakeClock:
-    def __init__(self, now: float) -> None:
-        self.now = now
-
-    def __call__(self) -> float:
-        return self.now
 
 
 def _claims(**overrides: Any) -> dict[str, Any]:

@@ -1,0 +1,21 @@
+"""Configuration of in-process test gateways (``serve_gateway``) in front of given backends."""
+
+from __future__ import annotations
+
+from collections.abc import Awaitable, Callable, Sequence
+from typing import Any
+
+from fleetserve.gateway.balancer import BalancerConfig
+from fleetserve.gateway.config import GatewayConfig
+from fleetserve.gateway.server import GatewayHandle
+
+StartGateway = Callable[..., Awaitable[GatewayHandle]]
+
+
+def gateway_config(backends: Sequence[str], **overrides: Any) -> GatewayConfig:
+    """A test gateway on a free port; health checks off unless asked for (tests drive the state)."""
+    balancer = overrides.pop("balancer", None) or BalancerConfig()
+    settings: dict[str, Any] = {"host": "127.0.0.1", "port": 0, "backends": tuple(backends),
+                                "health_checks": False, "balancer": balancer}
+    settings.update(overrides)
+    return GatewayConfig(**settings)
