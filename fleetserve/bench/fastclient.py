@@ -122,6 +122,11 @@ class FastClient:
         lines += [f"{k}: {v}" for k, v in (*payload.headers, *self._config.headers.items())]
         return ("\r\n".join(lines) + "\r\n\r\n").encode("latin-1") + payload.body
 
+    @property
+    def open_idle(self) -> int:
+        """Idle connections that their server has not closed (as far as this client has seen)."""
+        return sum(not conn.closed for conn in self._idle)
+
     async def start(self) -> None:
         self._sweeper = asyncio.create_task(self._sweep())
 

@@ -138,6 +138,11 @@ class UpstreamPool:
     def idle(self) -> int:
         return len(self._idle)
 
+    @property
+    def waiting(self) -> int:
+        """Requests queued for a connection (the pool is at ``max_total``)."""
+        return len(self._waiters)
+
     async def request(self, method: str, target: str, headers: Sequence[tuple[str, str]] = (),
                       body: bytes = b"", *, timeout_s: float | None = None) -> UpstreamResponse:
         """Send one request and return the whole response; ``timeout_s`` bounds everything, retries too."""

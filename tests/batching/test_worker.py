@@ -18,6 +18,7 @@ import pytest
 from fleetserve.batching import Batcher, BatcherConfig
 from fleetserve.errors import InvalidInput, NotReady, Overloaded, RequestExpired
 from tests.support.tiny_encoder import HIDDEN, Gate, TinyEngine
+from tests.support.waiting import until
 
 MakeBatcher = Callable[..., Batcher]
 MakeRequest = Callable[..., dict[str, np.ndarray]]
@@ -143,8 +144,8 @@ async def test_drain_finishes_everything_accepted_then_refuses(
     batcher = make_batcher(instances=2, max_batch=4, max_delay_s=0.5)
     await batcher.start()
     tasks = [asyncio.create_task(batcher.submit(make_request(1, 3 + 2 * i))) for i in range(25)]
-    await asyncio.sleep(0)  # let every submit reach the queue
-    assert batcher.queue_depth == 25
+    await until(lambda: batcher.queue_depth + batcher.inflight + sum(t.done() for t in tasks) == 25,
+                what="every request was accepted")
     await batcher.drain(10)
     results = await asyncio.gather(*tasks)
     assert all(r["sentence_embedding"].shape == (1, HIDDEN) for r in results)
@@ -161,7 +162,7 @@ async def test_drain_timeout_answers_what_is_still_queued(
     running = asyncio.create_task(batcher.submit(make_request(1, 3)))
     await held(gate)
     queued = asyncio.create_task(batcher.submit(make_request(1, 3)))
-    await asyncio.sleep(0)
+    await until(lambda: batcher.queue_depth == 1, what="the second request is queued")
     await batcher.drain(0.05)
     with pytest.raises(NotReady, match="stopped before this request ran"):
         await queued
@@ -178,8 +179,7 @@ async def test_a_full_queue_rejects_at_once(
     running = asyncio.create_task(batcher.submit(make_request(1, 3)))
     await held(gate)
     queued = asyncio.create_task(batcher.submit(make_request(2, 3)))
-    await asyncio.sleep(0)
-    assert batcher.queue_depth == 2
+    await until(lambda: batcher.queue_depth == 2, what="the two-row request is queued")
     assert batcher.inflight == 1
     started = time.monotonic()
     with pytest.raises(Overloaded, match="queue full") as error:
@@ -232,7 +232,7 @@ async def test_high_priority_runs_before_queued_default_priority(
     await held(gate)
     low = asyncio.create_task(batcher.submit(make_request(1, 3, first_id=2)))
     high = asyncio.create_task(batcher.submit(make_request(1, 3, first_id=3), priority=0))
-    await asyncio.sleep(0)
+    await until(lambda: batcher.queue_depth == 2, what="both requests are queued")
     gate.release.set()
     await asyncio.gather(first, low, high)
     assert [int(ids[0, 0]) for ids in engine.fed_ids] == [1, 3, 2]
@@ -274,7 +274,8 @@ async def test_requests_wait_while_warmup_holds_the_instances(
     warming = asyncio.create_task(batcher.warmup())
     await held(gate)
     request = asyncio.create_task(batcher.submit(make_request(1, 3)))
-    for _ in range(5):  # enough loop turns for the scheduler to dispatch, if it wrongly would
+    await until(lambda: batcher.queue_depth == 1, what="the request is queued")
+    for _ in range(5):  # loop turns (not time) in which the scheduler would dispatch it, if it wrongly would
         await asyncio.sleep(0)
     assert batcher.queue_depth == 1
     gate.release.set()
@@ -291,8 +292,7 @@ async def test_a_cancelled_request_leaves_the_queue(
     running = asyncio.create_task(batcher.submit(make_request(1, 3)))
     await held(gate)
     abandoned = asyncio.create_task(batcher.submit(make_request(1, 3)))
-    await asyncio.sleep(0)
-    assert batcher.queue_depth == 1
+    await until(lambda: batcher.queue_depth == 1, what="the request is queued")
     abandoned.cancel()
     with pytest.raises(asyncio.CancelledError):
         await abandoned

@@ -11,6 +11,7 @@ from fleetserve.bench.fastclient import FastClient
 from fleetserve.bench.workloads import Payload
 from tests.support.rawserver import read_request, serving
 from tests.support.target import TargetServer
+from tests.support.waiting import until
 
 PAYLOAD = Payload("/inference", b"{}")
 
@@ -51,7 +52,7 @@ async def test_cancelled_requests_free_their_connection(server: TargetServer) ->
     try:
         prepared = client.prepare(PAYLOAD)
         holders = [asyncio.create_task(client.send(prepared)) for _ in range(2)]
-        await asyncio.sleep(0.05)
+        await until(lambda: server.seen.inflight == 1, what="one request holds the one connection")
         for task in holders:
             task.cancel()
         await asyncio.gather(*holders, return_exceptions=True)
@@ -77,7 +78,8 @@ async def test_idle_connections_closed_by_the_server_are_replaced() -> None:
         try:
             for _ in range(3):
                 assert await client.send(client.prepare(PAYLOAD)) == 200
-                await asyncio.sleep(0.05)  # let the server's FIN arrive, as between real requests
+                # As between real requests, the server's FIN arrives before the next one goes out.
+                await until(lambda: client.open_idle == 0, what="the client saw the server close")
         finally:
             await client.close()
     assert connections == 3

@@ -8,6 +8,7 @@ import pytest
 
 from fleetserve.bench.loadgen import LoadConfig, run_load
 from tests.support.target import TargetServer
+from tests.support.waiting import until
 
 
 async def test_two_processes_share_the_rate_and_merge(server: TargetServer) -> None:
@@ -26,9 +27,7 @@ async def test_stop_reaches_the_workers(server: TargetServer) -> None:
     stop = asyncio.Event()
     config = LoadConfig(url=server.url, rate=None, concurrency=2, duration_s=60.0, processes=2)
     task = asyncio.create_task(run_load(config, stop=stop))
-    # Wait until the workers have started sending, then stop them.
-    while server.seen.requests == 0:
-        await asyncio.sleep(0.05)
+    await until(lambda: server.seen.requests > 0, 30, what="the workers started sending")
     stop.set()
     report = await asyncio.wait_for(task, 10)
     assert report.duration_s < 5

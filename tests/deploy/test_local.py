@@ -7,7 +7,6 @@ import re
 import signal
 import socket
 import threading
-import time
 import urllib.error
 import urllib.request
 from collections.abc import Iterator
@@ -18,6 +17,7 @@ import pytest
 
 from fleetserve.deploy.local import HaproxyProcess, NginxProcess, ProxyProcess
 from tests.support.procs import Proc, replica
+from tests.support.waiting import until_sync
 
 BODY = json.dumps({"texts": ["a short query"]}).encode()
 _COUNT = re.compile(r'^fleetserve_requests_total\{(?=[^}]*code="200")[^}]*\} ([0-9.e+]+)$', re.M)
@@ -41,10 +41,8 @@ def infer(url: str) -> int:
 
 def wait_lines(path: Path, n: int, timeout_s: float = 5.0) -> list[str]:
     """NGINX writes a request's log line after the response went out, so the last one may lag."""
-    deadline = time.monotonic() + timeout_s
-    while len(lines := path.read_text().splitlines()) < n and time.monotonic() < deadline:
-        time.sleep(0.02)
-    return lines
+    until_sync(lambda: len(path.read_text().splitlines()) >= n, timeout_s, what=f"{n} lines in {path}")
+    return path.read_text().splitlines()
 
 
 @pytest.fixture(scope="module")
@@ -181,10 +179,8 @@ def test_haproxy_health_checks_take_a_draining_replica_out(pair: tuple[Proc, Pro
             HaproxyProcess([(draining.url, 1.0), (pair[0].url, 1.0)], health_interval_s=0.1) as proxy:
         assert _server_states(proxy) == {"replica-1": "UP", "replica-2": "UP"}
         draining.signal(signal.SIGTERM)
-        deadline = time.monotonic() + 2
-        while _server_states(proxy)["replica-1"] != "DOWN":
-            assert time.monotonic() < deadline, proxy.output()
-            time.sleep(0.05)
+        # Within the replica's 2.5 s drain grace: it must leave the rotation before it stops serving.
+        until_sync(lambda: _server_states(proxy)["replica-1"] == "DOWN", 2, what="HAProxy marks replica-1 DOWN")
         assert draining.popen.poll() is None  # still serving: it left the rotation before it stopped
         before = served(draining)
         assert [infer(proxy.url) for _ in range(6)] == [200] * 6

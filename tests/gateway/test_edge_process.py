@@ -15,6 +15,7 @@ import hashlib
 import hmac
 import json
 import multiprocessing
+import threading
 import time
 from collections.abc import Awaitable, Callable, Iterator
 from pathlib import Path
@@ -237,9 +238,12 @@ async def test_rate_limit_admits_rate_times_time_plus_burst(tiny: Proc, gateways
     assert modest.ok == modest.requests and not modest.errors_by_type, modest.errors_by_type
 
 
-def slowloris(port: int, connections: int, line_every_s: float, duration_s: float) -> dict[str, list[float]]:
+def slowloris(port: int, connections: int, line_every_s: float, duration_s: float,
+              all_open: threading.Event) -> dict[str, list[float]]:
     """Keep ``connections`` connections trickling one header line every ``line_every_s`` for ``duration_s``,
-    reconnecting when the server closes one; report each closed connection's lifetime and answer."""
+    reconnecting when the server closes one; set ``all_open`` once every one of them has opened; report each
+    closed connection's lifetime and answer."""
+    opened_once = 0
 
     async def trickle(writer: asyncio.StreamWriter) -> None:
         while True:
@@ -247,9 +251,15 @@ def slowloris(port: int, connections: int, line_every_s: float, duration_s: floa
             writer.write(b"X-Slow: 1\r\n")
 
     async def one(lifetimes: list[float], timeouts: list[float], end: float) -> None:
+        nonlocal opened_once
+        first = True
         while time.monotonic() < end:
             reader, writer = await asyncio.open_connection("127.0.0.1", port)
             opened = time.monotonic()
+            if first:
+                first, opened_once = False, opened_once + 1
+                if opened_once == connections:
+                    all_open.set()
             writer.write(b"POST /inference HTTP/1.1\r\nHost: gw\r\n")
             trickler = asyncio.create_task(trickle(writer))
             try:
@@ -278,9 +288,13 @@ async def test_slowloris_does_not_hurt_a_normal_client(tiny: Proc, tmp_path: Pat
                   folder=tmp_path)
     normal = LoadConfig(url=gw.url, rate=50, concurrency=None, duration_s=6.0, warmup_s=1.0, arrivals="constant")
     baseline = await run_load(normal)
-    with concurrent.futures.ProcessPoolExecutor(1, mp_context=multiprocessing.get_context("spawn")) as pool:
-        attack = asyncio.get_running_loop().run_in_executor(pool, slowloris, gw.port, 200, 0.25, 9.0)
-        await asyncio.sleep(1.5)  # the attacker's process is up and its connections open
+    spawn_context = multiprocessing.get_context("spawn")
+    loop = asyncio.get_running_loop()
+    with spawn_context.Manager() as manager, \
+            concurrent.futures.ProcessPoolExecutor(1, mp_context=spawn_context) as pool:
+        all_open = manager.Event()
+        attack = loop.run_in_executor(pool, slowloris, gw.port, 200, 0.25, 9.0, all_open)
+        assert await loop.run_in_executor(None, all_open.wait, 60), "the attacker's connections never all opened"
         during = await run_load(normal)
         closed = await attack
     assert baseline.ok == baseline.requests and during.ok == during.requests, during.errors_by_type

@@ -17,6 +17,7 @@ from fleetserve.gateway.guards import RATELIMIT_ENTRIES, EdgeGuards
 from fleetserve.gateway.server import serve_gateway
 from tests.support.fake_replica import FakeReplica
 from tests.support.gateways import StartGateway, gateway_config
+from tests.support.waiting import until
 
 StartReplicas = Callable[[int], Awaitable[list[FakeReplica]]]
 INFER = "/v2/models/m/infer"
@@ -58,7 +59,7 @@ async def test_a_replica_at_its_cap_is_passed_over_and_all_at_cap_is_503_at_once
             return res.status, res.headers.get("Retry-After", ""), time.monotonic() - began
 
     first = asyncio.gather(infer(), infer())
-    await asyncio.sleep(0.1)  # both replicas now hold one request each
+    await until(lambda: [r.hits for r in fleet] == [1, 1], what="both replicas hold one request each")
     status, retry_after, elapsed = await infer()
     assert (status, retry_after) == (503, "2") and elapsed < 0.3
     assert [status for status, _, _ in await first] == [200, 200]

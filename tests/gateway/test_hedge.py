@@ -10,6 +10,7 @@ from typing import Any
 import pytest
 
 from fleetserve.gateway.hedge import HedgeBudget, HedgeConfig, Hedger, LatencyWindow, hedgeable, race
+from tests.support.waiting import until
 
 INFER = "/v2/models/m/infer"
 
@@ -140,8 +141,11 @@ async def test_race_without_a_due_hedge_never_starts_one() -> None:
         started.append("hedge")
         return _answer("hedge", 0, [])
 
-    assert await race(_answer("first", 0.001, []), 0.5, start, _final) == ("first", False)
-    await asyncio.sleep(0.6)
+    assert await race(_answer("first", 0.001, []), 0.05, start, _final) == ("first", False)
+    # A timer due after the hedge's would have been: timers fire in due order, so a live hedge timer runs first.
+    past_due = asyncio.Event()
+    asyncio.get_running_loop().call_later(0.06, past_due.set)
+    await asyncio.wait_for(past_due.wait(), 10)
     assert started == []
 
 
@@ -157,8 +161,7 @@ async def test_race_a_slower_hedge_loses_and_is_cancelled() -> None:
     log: list[str] = []
     result = await race(_answer("first", 0.05, log), 0.01, lambda: _answer("hedge", 5, log), _final)
     assert result == ("first", False)
-    await asyncio.sleep(0)
-    assert log == ["cancelled hedge"]
+    await until(lambda: log == ["cancelled hedge"])
 
 
 async def test_race_without_a_hedge_target_waits_for_the_first() -> None:
@@ -179,10 +182,15 @@ async def test_race_a_failed_first_waits_for_the_hedge() -> None:
 
 async def test_race_cancelled_from_outside_cancels_both_attempts() -> None:
     log: list[str] = []
-    task = asyncio.create_task(race(_answer("first", 5, log), 0.01, lambda: _answer("hedge", 5, log), _final))
-    await asyncio.sleep(0.05)
+    hedged: list[str] = []
+
+    async def hedge() -> str:
+        hedged.append("running")
+        return await _answer("hedge", 5, log)
+
+    task = asyncio.create_task(race(_answer("first", 5, log), 0.01, hedge, _final))
+    await until(lambda: hedged == ["running"], what="the hedge is running")
     task.cancel()
     with pytest.raises(asyncio.CancelledError):
         await task
-    await asyncio.sleep(0)
-    assert sorted(log) == ["cancelled first", "cancelled hedge"]
+    await until(lambda: sorted(log) == ["cancelled first", "cancelled hedge"])

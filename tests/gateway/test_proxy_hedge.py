@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import asyncio
 import json
 import time
 from collections.abc import Awaitable, Callable
@@ -13,6 +12,7 @@ from fleetserve.gateway.balancer import BalancerConfig
 from fleetserve.gateway.hedge import HedgeConfig
 from tests.support.fake_replica import FakeReplica
 from tests.support.gateways import StartGateway
+from tests.support.waiting import until
 
 StartReplicas = Callable[[int], Awaitable[list[FakeReplica]]]
 INFER = "/v2/models/m/infer"
@@ -55,9 +55,11 @@ async def test_a_stalled_replica_is_hedged_and_the_fast_copy_answers(replicas: S
     slowest = max(elapsed for _, _, elapsed in answers)
     assert slowest < 1.0
     assert counter(gw, "hedges", "won") == 2
-    await asyncio.sleep(0.05)  # the cancelled attempts finish their bookkeeping
+    def pending() -> list[object]:
+        return [row["pending"] for row in gw.balancer.snapshot()]
+
+    await until(lambda: pending() == [0, 0], what="the cancelled attempts finished their bookkeeping")
     rows = {row["url"]: row for row in gw.balancer.snapshot()}
-    assert rows[slow.url]["pending"] == 0 and rows[fast.url]["pending"] == 0
     # Outpaced twice: its estimate is penalised well beyond the cancelled attempts' lower bounds.
     assert float(rows[slow.url]["ewma_ms"]) >= 2 * slowest * 1000  # type: ignore[arg-type]
     assert gw.balancer.retry_budget.active_retries == 0

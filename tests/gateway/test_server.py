@@ -26,15 +26,9 @@ from fleetserve.gateway.server import serve_gateway
 from tests.support.fake_replica import FakeReplica
 from tests.support.gateways import StartGateway, gateway_config
 from tests.support.procs import free_port
+from tests.support.waiting import until
 
 StartReplicas = Callable[[int], Awaitable[list[FakeReplica]]]
-
-
-async def wait_for(condition: Callable[[], bool], timeout_s: float = 5.0) -> None:
-    deadline = time.monotonic() + timeout_s
-    while not condition():
-        assert time.monotonic() < deadline, "condition not met in time"
-        await asyncio.sleep(0.02)
 
 
 async def test_health_checks_keep_traffic_off_unready_replicas(replicas: StartReplicas, gateway: StartGateway,
@@ -47,7 +41,7 @@ async def test_health_checks_keep_traffic_off_unready_replicas(replicas: StartRe
     def states() -> dict[object, object]:
         return {row["url"]: row["state"] for row in gw.balancer.snapshot()}
 
-    await wait_for(lambda: states() == {unready.url: "unhealthy", ready.url: "healthy"})
+    await until(lambda: states() == {unready.url: "unhealthy", ready.url: "healthy"})
     for _ in range(10):
         async with client.post(gw.url + "/v2/models/m/infer", data=b"{}") as res:
             assert res.status == 200
@@ -60,9 +54,9 @@ async def test_file_discovery_follows_the_file(tmp_path: Path, replicas: StartRe
     backends = tmp_path / "backends.txt"
     backends.write_text(f"{first.url}\n")
     gw = await gateway([], discovery="file", discovery_file=str(backends), discovery_poll_s=0.02)
-    await wait_for(lambda: [ep.url for ep in gw.balancer.endpoints()] == [first.url])
+    await until(lambda: [ep.url for ep in gw.balancer.endpoints()] == [first.url])
     backends.write_text(f"# moved\n{second.url}=2\n")
-    await wait_for(lambda: [ep.url for ep in gw.balancer.endpoints()] == [second.url])
+    await until(lambda: [ep.url for ep in gw.balancer.endpoints()] == [second.url])
     async with client.post(gw.url + "/inference", json={"texts": []}) as res:
         assert (await res.json())["replica"] == second.name
     assert first.hits == 0
@@ -151,6 +145,16 @@ def worker_pids(pid: int) -> list[int]:
     return [p for p in pids if b"spawn_main" in Path(f"/proc/{p}/cmdline").read_bytes()]
 
 
+def listening_sockets(port: int) -> int:
+    """TCP sockets listening on ``port`` (``/proc/net/tcp*``): one per worker under SO_REUSEPORT."""
+    count = 0
+    for table in ("/proc/net/tcp", "/proc/net/tcp6"):
+        for line in Path(table).read_text().splitlines()[1:]:
+            fields = line.split()
+            count += fields[1].endswith(f":{port:04X}") and fields[3] == "0A"  # 0A: LISTEN
+    return count
+
+
 def running(pid: int) -> bool:
     try:
         state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
@@ -160,10 +164,7 @@ def running(pid: int) -> bool:
 
 
 async def wait_exit(proc: subprocess.Popen[str], timeout_s: float = 15.0) -> int:
-    deadline = time.monotonic() + timeout_s
-    while proc.poll() is None:
-        assert time.monotonic() < deadline, "gateway did not stop"
-        await asyncio.sleep(0.05)
+    await until(lambda: proc.poll() is not None, timeout_s, what="the gateway stopped")
     return proc.returncode
 
 
@@ -187,8 +188,9 @@ async def test_workers_share_one_port_and_stop_together(replicas: StartReplicas,
     await wait_listening(port, proc)
     workers = worker_pids(proc.pid)
     assert len(workers) == 2
+    # Each worker listens once its SIGTERM handler is in place; a SIGTERM before then would kill it mid-start.
+    await until(lambda: listening_sockets(port) == 2, 30, what="both workers listening")
     for _ in range(3):
-        await asyncio.sleep(0.2)  # the second worker may bind a moment after the first
         async with aiohttp.ClientSession() as fresh, \
                 fresh.post(f"http://127.0.0.1:{port}/inference", json={"texts": []}) as res:
             assert res.status == 200  # a new connection each time: either worker may take it

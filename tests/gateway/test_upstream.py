@@ -24,6 +24,7 @@ from fleetserve.gateway.upstream import (
 )
 from tests.support.clock import FakeClock
 from tests.support.rawserver import Handler, RawServer, read_request, response
+from tests.support.waiting import until
 
 StartRaw = Callable[[Handler], Awaitable[RawServer]]
 
@@ -84,7 +85,7 @@ async def test_chunked_response(raw_server: StartRaw) -> None:
             for part in (b"abc", b"defgh", b""):
                 writer.write(f"{len(part):x}\r\n".encode() + part + b"\r\n")
                 await writer.drain()
-                await asyncio.sleep(0)
+                await asyncio.sleep(0)  # one chunk per loop turn: the client reads them apart
 
     server = await raw_server(handler)
     pool = UpstreamPool(server.url, PoolConfig())
@@ -105,8 +106,7 @@ async def test_unframed_response_is_read_until_close(raw_server: StartRaw) -> No
     pool = UpstreamPool(server.url, PoolConfig())
     res = await pool.request("GET", "/")
     assert (res.status, res.body, res.headers) == (200, b"until the end", [("X-A", "1")])
-    await asyncio.sleep(0.01)
-    assert pool.total == 0
+    await until(lambda: pool.total == 0, what="the read-until-close connection is gone")
     await pool.close()
 
 
@@ -129,11 +129,7 @@ async def test_idle_connection_closed_by_peer_is_not_reused(raw_server: StartRaw
     server = await raw_server(handler)
     pool = UpstreamPool(server.url, PoolConfig())
     assert (await pool.request("GET", "/")).body == b"once"
-    for _ in range(20):
-        if pool.idle == 0:
-            break
-        await asyncio.sleep(0.005)
-    assert pool.idle == 0
+    await until(lambda: pool.idle == 0, what="the pool saw the peer close its idle connection")
     assert (await pool.request("GET", "/")).body == b"once"
     assert server.connections == 2
     await pool.close()
@@ -207,8 +203,7 @@ async def test_garbage_response_is_a_protocol_error(raw_server: StartRaw, reply:
     pool = UpstreamPool(server.url, PoolConfig())
     with pytest.raises(ProtocolError):
         await pool.request("GET", "/")
-    await asyncio.sleep(0.01)
-    assert pool.total == 0
+    await until(lambda: pool.total == 0, what="the connection that spoke garbage is gone")
     await pool.close()
 
 
@@ -258,20 +253,25 @@ async def test_interim_100_continue_is_skipped(raw_server: StartRaw) -> None:
 
 async def test_slow_response_times_out_and_the_connection_is_dropped(raw_server: StartRaw) -> None:
     delays = [0.3, 0.0]
+    late_answer_written = asyncio.Event()
 
     async def handler(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
         delay = delays.pop(0)
         while True:
             await read_request(reader)
-            await asyncio.sleep(delay)
-            writer.write(response(f"after {delay}".encode()))
-            await writer.drain()
+            await asyncio.sleep(delay)  # the slow replica
+            try:
+                writer.write(response(f"after {delay}".encode()))
+                await writer.drain()
+            finally:
+                if delay:
+                    late_answer_written.set()
 
     server = await raw_server(handler)
     pool = UpstreamPool(server.url, PoolConfig(read_timeout_s=0.05))
     with pytest.raises(UpstreamTimeout):
         await pool.request("GET", "/")
-    await asyncio.sleep(0.4)
+    await asyncio.wait_for(late_answer_written.wait(), 10)  # a reused connection would now read it
     res = await pool.request("GET", "/")
     assert res.body == b"after 0.0"
     assert server.connections == 2  # the timed-out connection's late answer was never read
@@ -334,11 +334,13 @@ async def test_endless_response_head_is_refused(raw_server: StartRaw) -> None:
 
 
 async def test_unsolicited_bytes_on_an_idle_connection_drop_it(raw_server: StartRaw) -> None:
+    back_in_the_pool = asyncio.Event()
+
     async def handler(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
         await read_request(reader)
         writer.write(response(b"a"))
         await writer.drain()
-        await asyncio.sleep(0.02)
+        await back_in_the_pool.wait()
         writer.write(b"HTTP/1.1 408 Request Timeout\r\n\r\n")
         await writer.drain()
         await reader.read()
@@ -346,8 +348,9 @@ async def test_unsolicited_bytes_on_an_idle_connection_drop_it(raw_server: Start
     server = await raw_server(handler)
     pool = UpstreamPool(server.url, PoolConfig())
     assert (await pool.request("GET", "/")).body == b"a"
-    await asyncio.sleep(0.1)
-    assert (pool.idle, pool.total) == (0, 0)
+    assert pool.idle == 1
+    back_in_the_pool.set()
+    await until(lambda: (pool.idle, pool.total) == (0, 0), what="the idle connection that spoke unasked is gone")
     assert (await pool.request("GET", "/")).body == b"a"
     assert server.connections == 2
     await pool.close()
@@ -367,10 +370,14 @@ async def test_idle_timeout_uses_the_injected_clock(raw_server: StartRaw) -> Non
     await pool.close()
 
 
-def gated_server(gate: asyncio.Event) -> Handler:
+def gated_server(gate: asyncio.Event, arrived: list[bytes] | None = None) -> Handler:
+    """Answers each request once ``gate`` is set; appends each request's head to ``arrived`` as it comes in."""
+
     async def handler(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
         while True:
-            await read_request(reader)
+            head, _ = await read_request(reader)
+            if arrived is not None:
+                arrived.append(head)
             await gate.wait()
             writer.write(response(b"done"))
             await writer.drain()
@@ -379,11 +386,11 @@ def gated_server(gate: asyncio.Event) -> Handler:
 
 
 async def test_max_total_bounds_connections_and_waiters_get_the_released_one(raw_server: StartRaw) -> None:
-    gate = asyncio.Event()
-    server = await raw_server(gated_server(gate))
+    gate, arrived = asyncio.Event(), list[bytes]()
+    server = await raw_server(gated_server(gate, arrived))
     pool = UpstreamPool(server.url, PoolConfig(max_total=2, max_idle=2))
     tasks = [asyncio.create_task(pool.request("GET", "/")) for _ in range(6)]
-    await asyncio.sleep(0.05)
+    await until(lambda: len(arrived) == 2 and pool.waiting == 4, what="two requests sent, four waiting")
     assert pool.total == 2
     gate.set()
     results = await asyncio.gather(*tasks)
@@ -398,7 +405,7 @@ async def test_waiter_queue_is_bounded(raw_server: StartRaw) -> None:
     pool = UpstreamPool(server.url, PoolConfig(max_total=1, max_idle=1, max_waiters=1))
     first = asyncio.create_task(pool.request("GET", "/"))
     second = asyncio.create_task(pool.request("GET", "/"))
-    await asyncio.sleep(0.05)
+    await until(lambda: pool.waiting == 1, what="the second request waits for the one connection")
     with pytest.raises(PoolExhausted):
         await pool.request("GET", "/")
     gate.set()
@@ -407,15 +414,16 @@ async def test_waiter_queue_is_bounded(raw_server: StartRaw) -> None:
 
 
 async def test_waiting_for_a_connection_times_out_without_leaking_slots(raw_server: StartRaw) -> None:
-    gate = asyncio.Event()
-    server = await raw_server(gated_server(gate))
+    gate, arrived = asyncio.Event(), list[bytes]()
+    server = await raw_server(gated_server(gate, arrived))
     pool = UpstreamPool(server.url, PoolConfig(max_total=1, max_idle=1))
     busy = asyncio.create_task(pool.request("GET", "/"))
-    await asyncio.sleep(0.02)
+    await until(lambda: len(arrived) == 1, what="the first request holds the one connection")
     with pytest.raises(UpstreamTimeout):
         await pool.request("GET", "/", timeout_s=0.05)
+    assert pool.waiting == 0
     waiting = asyncio.create_task(pool.request("GET", "/"))
-    await asyncio.sleep(0.02)
+    await until(lambda: pool.waiting == 1, what="a request waits for the connection")
     waiting.cancel()
     gate.set()
     assert (await busy).status == 200
@@ -426,16 +434,15 @@ async def test_waiting_for_a_connection_times_out_without_leaking_slots(raw_serv
 
 
 async def test_cancelled_request_drops_its_connection(raw_server: StartRaw) -> None:
-    gate = asyncio.Event()
-    server = await raw_server(gated_server(gate))
+    gate, arrived = asyncio.Event(), list[bytes]()
+    server = await raw_server(gated_server(gate, arrived))
     pool = UpstreamPool(server.url, PoolConfig())
     task = asyncio.create_task(pool.request("GET", "/"))
-    await asyncio.sleep(0.02)
+    await until(lambda: len(arrived) == 1, what="the request reached the server")
     task.cancel()
     with pytest.raises(asyncio.CancelledError):
         await task
-    await asyncio.sleep(0.01)
-    assert pool.total == 0
+    await until(lambda: pool.total == 0, what="the cancelled request's connection is dropped")
     gate.set()
     assert (await pool.request("GET", "/")).body == b"done"
     assert server.connections == 2

@@ -5,7 +5,6 @@ from __future__ import annotations
 import concurrent.futures
 import json
 import signal
-import time
 import urllib.error
 import urllib.request
 
@@ -13,6 +12,7 @@ import numpy as np
 import pytest
 
 from tests.support.procs import replica
+from tests.support.waiting import until_sync
 
 
 def post(url: str, body: bytes, timeout: float = 30) -> tuple[int, dict[str, object], dict[str, str]]:
@@ -118,21 +118,34 @@ def test_ranking_orders_by_similarity(tiny) -> None:
     assert results[0]["index"] == 1 and results[0]["score"] > results[1]["score"]
 
 
+def _accepted(url: str) -> float:
+    """Inference requests the replica has taken: those in progress plus those answered (its /metrics)."""
+    with urllib.request.urlopen(f"{url}/metrics", timeout=5) as r:
+        text = r.read().decode()
+    return sum(float(line.rsplit(" ", 1)[1]) for line in text.splitlines()
+               if line.startswith(("fleetserve_inflight_requests{", "fleetserve_requests_total{")))
+
+
+def _readiness(url: str) -> int:
+    try:
+        with urllib.request.urlopen(f"{url}/v2/health/ready", timeout=2) as r:
+            return r.status
+    except urllib.error.HTTPError as e:
+        return e.code
+    except OSError:
+        return 0
+
+
 def test_sigterm_drains_without_losing_accepted_requests() -> None:
     with replica("tiny", "--extra-latency-ms", "300", "--drain-grace-s", "1.0", grpc=False) as proc:
         body = json.dumps({"texts": ["wireless earbuds"]}).encode()
         with concurrent.futures.ThreadPoolExecutor(16) as pool:
             futures = [pool.submit(post, f"{proc.url}/inference", body) for _ in range(16)]
-            time.sleep(0.1)  # all 16 are accepted and waiting on the injected latency
+            until_sync(lambda: _accepted(proc.url) == 16, 30, what="all 16 requests accepted")
             proc.signal(signal.SIGTERM)
-            time.sleep(0.1)
-            try:
-                with urllib.request.urlopen(f"{proc.url}/v2/health/ready", timeout=2) as r:
-                    ready = r.status
-            except urllib.error.HTTPError as e:
-                ready = e.code
+            # Within the drain grace (1 s), while accepted requests still wait on the injected latency.
+            until_sync(lambda: _readiness(proc.url) == 503, 1.0, what="readiness 503 at once on SIGTERM")
             results = [f.result() for f in futures]
-        assert ready == 503, "readiness must turn 503 at once on SIGTERM"
         assert [r[0] for r in results] == [200] * 16
         assert proc.popen.wait(20) == 0
 

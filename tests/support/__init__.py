@@ -12,4 +12,5 @@
 - ``tiny_encoder``: a real tiny ONNX encoder behind the Engine protocol, for batching tests.
 - ``reports``: a synthetic load-generator result and its report.
 - ``markers``: skip markers for optional dependencies.
+- ``waiting``: waiting on a real condition with a deadline, never for a guessed time.
 """

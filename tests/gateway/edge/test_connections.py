@@ -15,6 +15,7 @@ from fleetserve.gateway.edge.config import InputLimits
 from fleetserve.gateway.edge.connections import GuardedTCPSite
 from fleetserve.gateway.edge.limits import server_kwargs
 from tests.support.jwt_keys import echo
+from tests.support.waiting import until
 
 HEAD_TIMEOUT = 0.5
 REQUEST = b"GET /v2/models HTTP/1.1\r\nHost: t\r\n\r\n"
@@ -151,10 +152,7 @@ async def test_connections_beyond_the_cap_get_503(guarded: Start) -> None:
         assert recorder.reasons == ["max_connections"]
         assert site.guard.active == 2
         first[1].close()
-        for _ in range(100):
-            if site.guard.active < 2:
-                break
-            await asyncio.sleep(0.01)
+        await until(lambda: site.guard.active < 2, what="the closed connection left the count")
         r3, w3 = await asyncio.open_connection("127.0.0.1", site.port)
         w3.write(REQUEST)
         assert (await _read_response(r3)).startswith(b"HTTP/1.1 200")
