@@ -234,8 +234,13 @@ def test_active_health_holds_new_endpoints_until_a_probe_passes() -> None:
 
 
 def test_probe_result_for_unknown_endpoint_is_ignored() -> None:
-    balancer, _, _, _ = make(1)
-    balancer.set_probe_result(Endpoint.from_url("http://gone:1"), False)
+    balancer, eps, _, recorder = make(1)
+    before, events = balancer.snapshot(), list(recorder.events)
+    for _ in range(5):
+        balancer.set_probe_result(Endpoint.from_url("http://gone:1"), False)
+    assert balancer.snapshot() == before
+    assert balancer.endpoints() == eps and recorder.events == events
+    assert balancer.pick(CTX) == eps[0]
 
 
 def test_start_on_removed_endpoint_is_harmless() -> None:

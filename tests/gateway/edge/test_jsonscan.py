@@ -14,9 +14,18 @@ def _nested(depth: int) -> bytes:
     return b"[" * depth + b"1" + b"]" * depth
 
 
-@pytest.mark.parametrize("depth", [0, 1, 5, 31, 32])
-def test_depth_within_limit_passes(depth: int) -> None:
-    check_json_bounds(_nested(depth), depth_limit=32, element_limit=1000)
+@pytest.mark.parametrize("depth", [1, 5, 31, 32])
+def test_depth_at_the_limit_passes_and_one_less_is_refused(depth: int) -> None:
+    body = _nested(depth)
+    assert max_depth(body) == depth
+    check_json_bounds(body, depth_limit=depth, element_limit=1000)
+    with pytest.raises(JsonLimitExceeded, match=f"nests {depth} levels deep; the limit is {depth - 1}"):
+        check_json_bounds(body, depth_limit=depth - 1, element_limit=1000)
+
+
+def test_a_bare_scalar_has_depth_zero() -> None:
+    assert max_depth(b"1") == 0
+    check_json_bounds(b"1", depth_limit=0, element_limit=1)
 
 
 @pytest.mark.parametrize("depth", [33, 100, 10_000])
@@ -37,7 +46,12 @@ def test_depth_is_the_maximum_not_the_count_of_brackets() -> None:
 def test_brackets_and_commas_inside_strings_do_not_count() -> None:
     text = '[[[[ ,,,, }}}} \\" still a string ' * 100
     body = json.dumps({"inputs": [{"data": [text, text]}]}).encode()
+    # Counted raw, the body is far past both bounds: only blanking the strings lets it through.
+    assert body.count(b"[") > 4 and body.count(b",") > 10
     check_json_bounds(body, depth_limit=4, element_limit=10)
+    outside = json.dumps({"inputs": [{"data": [[[[[1, 2]]]]]}]}).encode()
+    with pytest.raises(JsonLimitExceeded, match="nests 8 levels"):
+        check_json_bounds(outside, depth_limit=4, element_limit=10)
 
 
 def test_element_count_bound() -> None:
@@ -54,9 +68,16 @@ def test_many_empty_containers_count_as_elements() -> None:
     assert info.value.reason == "json_too_many_elements"
 
 
-def test_malformed_json_is_left_to_the_parser() -> None:
-    check_json_bounds(b'{"a": "unterminated', depth_limit=4, element_limit=10)
-    check_json_bounds(b"]]]][[", depth_limit=4, element_limit=10)
+@pytest.mark.parametrize("body", [b'{"a": "unterminated', b"]]]][[", b"[1,,]"])
+def test_malformed_json_within_bounds_is_left_to_the_parser(body: bytes) -> None:
+    check_json_bounds(body, depth_limit=4, element_limit=10)
+    with pytest.raises(json.JSONDecodeError):
+        json.loads(body)
+
+
+def test_malformed_json_beyond_the_bounds_is_still_refused() -> None:
+    with pytest.raises(JsonLimitExceeded, match="nests 6 levels"):
+        check_json_bounds(b"[[[[[[", depth_limit=4, element_limit=10)
 
 
 def test_large_body_is_scanned_quickly() -> None:
