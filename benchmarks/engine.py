@@ -12,8 +12,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
-import platform
 import statistics
 import time
 from collections.abc import Callable
@@ -28,17 +26,9 @@ from fleetserve.engine.onnxruntime import threads_per_instance
 from fleetserve.models.store import ModelStore
 from fleetserve.models.tokenizer import TextTokenizer
 
+from _common import machine
+
 SEQ = 128
-
-
-def cpu_model() -> str:
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                return line.split(":", 1)[1].strip()
-    except OSError:
-        pass
-    return platform.processor() or "unknown"
 
 
 def inputs_for(model: str, batch: int) -> dict[str, np.ndarray]:
@@ -90,7 +80,7 @@ def main() -> None:
     batches = [int(b) for b in args.batches.split(",")]
     min_iters, min_s = (5, 1.0) if args.quick else (20, 3.0)
     threads = threads_per_instance(1)
-    print(f"# engine benchmark — {cpu_model()}, {os.cpu_count()} cores, {threads} threads, seq {SEQ}, "
+    print(f"# engine benchmark — {machine()}, {threads} threads, seq {SEQ}, "
           f"{time.strftime('%Y-%m-%d')}")
     rows = []
     for model in models:

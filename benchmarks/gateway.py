@@ -28,8 +28,6 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
-import os
-import platform
 import time
 from pathlib import Path
 
@@ -38,16 +36,11 @@ from fleetserve.bench.scenarios import ScenarioConfig, ScenarioResult, run_scena
 from fleetserve.deploy.local import ProxyUnavailable, envoy_binary, find_binary
 from fleetserve.gateway.policies import policy_names
 
+from _common import machine, markdown_table
+
 ALL = ("overhead", "throttled", "crash", "rolling", "partition")
 ENVOY = ("envoy-least-request", "envoy-cwrr")
 EXTRA = ("hedging",)
-
-
-def cpu_model() -> str:
-    for line in Path("/proc/cpuinfo").read_text().splitlines():
-        if line.startswith("model name"):
-            return line.split(":", 1)[1].strip()
-    return platform.processor()
 
 
 def installed(front: str) -> bool:
@@ -80,7 +73,7 @@ def ratio(results: list[ScenarioResult], ours: str, theirs: str, key: str = "p99
 
 def table(results: list[ScenarioResult], extra: tuple[str, ...] = ()) -> str:
     head = ["fault", "front", "policy", "ok req/s", "errors", "p50 ms", "p99 ms", "p99.9 ms", *extra]
-    lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
+    rows = []
     for r in results:
         row = r.row()
         cells = [str(row["fault"]), str(row["front"]), str(row["policy"]) or "—", f"{row['ok_rps']:.0f}",
@@ -88,8 +81,8 @@ def table(results: list[ScenarioResult], extra: tuple[str, ...] = ()) -> str:
         for key in extra:
             value = row.get(key)
             cells.append(f"{value:.2f}" if isinstance(value, float) else "—")
-        lines.append("| " + " | ".join(cells) + " |")
-    return "\n".join(lines)
+        rows.append(cells)
+    return markdown_table(head, rows)
 
 
 async def main(args: argparse.Namespace) -> list[ScenarioResult]:
@@ -192,7 +185,7 @@ if __name__ == "__main__":
     ap.add_argument("--overhead-rate", type=float, default=500.0)
     ap.add_argument("--out", type=Path, default=Path("out/gateway.json"))
     args = ap.parse_args()
-    print(f"# gateway scenarios — {cpu_model()}, {os.cpu_count()} cores, {time.strftime('%Y-%m-%d %H:%M')}")
+    print(f"# gateway scenarios — {machine()}, {time.strftime('%Y-%m-%d %H:%M')}")
     res = asyncio.run(main(args))
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.write_text(json.dumps([r.row() for r in res], indent=2))

@@ -38,19 +38,20 @@ import contextlib
 import json
 import os
 import shutil
-import signal
 import statistics
 import subprocess
 import sys
 import tempfile
 import time
 import urllib.request
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Iterator, Sequence
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
 from fleetserve.bench.scenarios import tree_cpu_seconds
 from fleetserve.deploy.local import EnvoyProcess, HaproxyProcess, NginxProcess, free_port
+
+from _common import NotReady, http_get, stop_process, wait_ready
 
 INFER_PATH = "/v2/models/tiny/infer"
 REPLY = json.dumps({
@@ -169,31 +170,13 @@ def wrk(url: str, script: Path, connections: int, duration_s: float) -> dict[str
     return result
 
 
-def _get(url: str) -> tuple[int, bytes]:
-    with urllib.request.urlopen(url, timeout=1) as r:
-        return int(r.status), r.read()
-
-
 def _gateway_ready(url: str) -> bool:
-    _, body = _get(f"{url}/gateway/backends")
+    _, body = http_get(f"{url}/gateway/backends", timeout=1)
     return [b.get("state") for b in json.loads(body)["backends"]] == ["healthy"]
 
 
 def _proxy_ready(url: str) -> bool:
-    return _get(f"{url}/v2/health/ready")[0] == 200
-
-
-def _wait_ready(url: str, ready: Callable[[str], bool], proc: subprocess.Popen[bytes], log: Path,
-                timeout_s: float = 20.0) -> None:
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
-        if proc.poll() is not None:
-            raise RuntimeError(f"front exited with {proc.returncode}:\n{log.read_text(errors='replace')}")
-        with contextlib.suppress(OSError, ValueError):
-            if ready(url):
-                return
-        time.sleep(0.1)
-    raise TimeoutError(f"front at {url} was not ready within {timeout_s} s")
+    return http_get(f"{url}/v2/health/ready", timeout=1)[0] == 200
 
 
 @contextlib.contextmanager
@@ -223,16 +206,13 @@ def python_front(name: str, upstream: str, cpus: str | None, source: Path | None
                                     stderr=subprocess.STDOUT, start_new_session=True)
         try:
             url = f"http://127.0.0.1:{port}"
-            _wait_ready(url, ready, proc, log)
+            try:
+                wait_ready(lambda: ready(url), [proc], 20.0, f"front at {url}")
+            except NotReady as exc:
+                raise NotReady(f"{exc}:\n{log.read_text(errors='replace')}") from None
             yield url, proc.pid
         finally:
-            if proc.poll() is None:
-                proc.send_signal(signal.SIGTERM)
-                try:
-                    proc.wait(_STOP_GRACE_S)
-                except subprocess.TimeoutExpired:
-                    proc.kill()
-                    proc.wait()
+            stop_process(proc, _STOP_GRACE_S)
 
 
 @contextlib.contextmanager

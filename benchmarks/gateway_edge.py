@@ -25,15 +25,14 @@ import asyncio
 import contextlib
 import json
 import os
-import platform
 import subprocess
 import sys
 import tempfile
 import time
-import urllib.request
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
+from statistics import median
 from typing import Any
 from unittest import mock
 
@@ -51,40 +50,11 @@ from fleetserve.gateway.edge import JwtConfig, KeySpec, build_middlewares
 from fleetserve.gateway.edge.keyset import KeySet
 from fleetserve.gateway.edge.tokens import TokenVerifier
 
-HZ = os.sysconf("SC_CLK_TCK")
+from _common import http_get, machine, machine_cpu_s, markdown_table, process_cpu_s, scrape, stop_process, wait_ready
+
 ISSUER, AUDIENCE = "https://issuer.bench", "fleetserve"
 HMAC_SECRET = b"bench-secret-" * 6  # 78 bytes: long enough for every HS* variant
 NO_LIMIT = "1000000:1000000"  # never refuses: measures the bookkeeping, not refusals
-
-
-def cpu_model() -> str:
-    for line in Path("/proc/cpuinfo").read_text().splitlines():
-        if line.startswith("model name"):
-            return line.split(":", 1)[1].strip()
-    return platform.processor()
-
-
-def process_cpu_s(pid: int) -> float:
-    stat = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
-    return (int(stat[11]) + int(stat[12])) / HZ
-
-
-def machine_cpu_s() -> float:
-    """Busy CPU seconds of the whole machine since boot (every state but idle and iowait)."""
-    ticks = [int(x) for x in Path("/proc/stat").read_text().split("\n", 1)[0].split()[1:]]
-    return (sum(ticks[:8]) - ticks[3] - ticks[4]) / HZ
-
-
-def wait_ready(url: str, proc: subprocess.Popen[bytes], timeout_s: float = 60.0) -> None:
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
-        if proc.poll() is not None:
-            raise RuntimeError(f"{url}: the process exited with {proc.returncode}")
-        with contextlib.suppress(OSError), urllib.request.urlopen(url, timeout=2) as r:
-            if r.status == 200:
-                return
-        time.sleep(0.1)
-    raise TimeoutError(f"{url} not ready after {timeout_s} s")
 
 
 @contextlib.contextmanager
@@ -95,15 +65,10 @@ def fleetserve(*args: str, ready_path: str) -> Iterator[tuple[str, int]]:
                              "--port", str(port)], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     url = f"http://127.0.0.1:{port}"
     try:
-        wait_ready(url + ready_path, proc)
+        wait_ready(lambda: http_get(url + ready_path, 2.0)[0] == 200, [proc], 60.0, url + ready_path)
         yield url, proc.pid
     finally:
-        proc.terminate()
-        try:
-            proc.wait(15)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait()
+        stop_process(proc, 15.0)
 
 
 @dataclass(frozen=True)
@@ -143,10 +108,7 @@ def settings(folder: Path) -> list[Setting]:
 
 def answered(url: str) -> float:
     """Requests the gateway has answered so far (``fleetserve_gateway_requests_total``, all labels)."""
-    with urllib.request.urlopen(url + "/metrics", timeout=5) as r:
-        text = r.read().decode()
-    return sum(float(line.rsplit(" ", 1)[1]) for line in text.splitlines()
-               if line.startswith("fleetserve_gateway_requests_total{"))
+    return scrape(url).get("fleetserve_gateway_requests_total", 0.0)
 
 
 @dataclass
@@ -244,12 +206,6 @@ DIRECT = "direct (no gateway)"
 OFF = "guards off (input limits only)"
 
 
-def median(values: list[float]) -> float:
-    ordered = sorted(values)
-    mid = len(ordered) // 2
-    return ordered[mid] if len(ordered) % 2 else (ordered[mid - 1] + ordered[mid]) / 2
-
-
 def summarize(rounds: dict[str, list[Point]]) -> dict[str, dict[str, float]]:
     """Per setting, medians over rounds; ratios to "guards off" are taken within each round first, so
     load that other processes put on the box during one round cancels out."""
@@ -276,7 +232,7 @@ def summarize(rounds: dict[str, list[Point]]) -> dict[str, dict[str, float]]:
 def table(rows: dict[str, dict[str, float]]) -> str:
     head = ["setting", "ok req/s", "vs off", "p50 ms", "p99 ms", "added p50 ms", "added p99 ms", "gw CPU µs/req",
             "gw req/s per core", "vs off", "errors"]
-    lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
+    cells_by_row = []
     for name, r in rows.items():
         if name == DIRECT:
             cells = [name, f"{r['rps']:.0f}", "—", f"{r['p50_ms']:.2f}", f"{r['p99_ms']:.2f}", "—", "—", "—", "—",
@@ -285,8 +241,8 @@ def table(rows: dict[str, dict[str, float]]) -> str:
             cells = [name, f"{r['rps']:.0f}", f"{r['rps_vs_off']:.1%}", f"{r['p50_ms']:.2f}", f"{r['p99_ms']:.2f}",
                      f"{r['added_p50_ms']:+.2f}", f"{r['added_p99_ms']:+.2f}", f"{r['gw_cpu_us']:.0f}",
                      f"{r['capacity_per_core']:.0f}", f"{r['capacity_vs_off']:.1%}", f"{r['errors']:.0f}"]
-        lines.append("| " + " | ".join(cells) + " |")
-    return "\n".join(lines)
+        cells_by_row.append(cells)
+    return markdown_table(head, cells_by_row)
 
 
 async def main(args: argparse.Namespace) -> dict[str, Any]:
@@ -338,7 +294,7 @@ if __name__ == "__main__":
     ap.add_argument("--rounds", type=int, default=6, help="interleaved rounds; medians are reported")
     ap.add_argument("--out", type=Path, default=Path("out/gateway_edge.json"))
     cli = ap.parse_args()
-    print(f"# gateway edge guards — {cpu_model()}, {os.cpu_count()} cores, {time.strftime('%Y-%m-%d %H:%M')}, "
+    print(f"# gateway edge guards — {machine()}, {time.strftime('%Y-%m-%d %H:%M')}, "
           f"load average {' '.join(f'{x:.2f}' for x in os.getloadavg())}", flush=True)
     result = asyncio.run(main(cli))
     cli.out.parent.mkdir(parents=True, exist_ok=True)

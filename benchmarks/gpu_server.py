@@ -34,7 +34,6 @@ import sys
 import tempfile
 import threading
 import time
-import urllib.request
 from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import Any
@@ -42,8 +41,10 @@ from typing import Any
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from benchmarks.replica_load import machine_cpu_s, tree_cpu_s  # noqa: E402
+from fleetserve.bench.scenarios import tree_cpu_seconds  # noqa: E402
 from fleetserve.deploy.local import free_port  # noqa: E402
+
+from _common import NotReady, http_get, machine_cpu_s, scrape, wait_ready  # noqa: E402
 
 CLI = [sys.executable, "-m", "fleetserve.cli"]
 EMBEDDING = "sentence_embedding"
@@ -124,38 +125,12 @@ def stop_all(procs: list[Proc]) -> None:
         p.reap()
 
 
-def get(url: str, timeout: float = 2.0) -> tuple[int, str]:
+def wait_all_ready(url: str, procs: list[Proc], timeout: float) -> None:
     try:
-        with urllib.request.urlopen(url, timeout=timeout) as r:
-            return r.status, r.read().decode()
-    except OSError:
-        return 0, ""
-
-
-def wait_ready(url: str, procs: list[Proc], timeout: float) -> None:
-    end = time.monotonic() + timeout
-    while time.monotonic() < end:
-        if get(url)[0] == 200:
-            return
-        dead = [p for p in procs if p.popen.poll() is not None]
-        if dead:
-            raise RuntimeError(f"{dead[0].argv[3]} exited with {dead[0].popen.returncode}; see {dead[0].log}")
-        time.sleep(0.25)
-    raise RuntimeError(f"{url} not ready within {timeout:.0f} s")
-
-
-def scrape(base: str) -> dict[str, float]:
-    """Sum of each metric name over its label sets, from a Prometheus text page."""
-    out: dict[str, float] = {}
-    for line in get(base + "/metrics")[1].splitlines():
-        if line and not line.startswith("#"):
-            name, _, value = line.rpartition(" ")
-            key = name.split("{", 1)[0]
-            try:
-                out[key] = out.get(key, 0.0) + float(value)
-            except ValueError:
-                continue
-    return out
+        wait_ready(lambda: http_get(url, 2.0)[0] == 200, [p.popen for p in procs], timeout, url, poll_s=0.25)
+    except NotReady as exc:
+        logs = [str(p.log) for p in procs if p.popen.poll() is not None]
+        raise NotReady(f"{exc}; see {', '.join(logs)}" if logs else str(exc)) from None
 
 
 class GpuSampler:
@@ -206,7 +181,7 @@ def bench_point(cfg: RunConfig, url: str, concurrency: int, processes: int, serv
             "--tokens", str(cfg.tokens), "--output", EMBEDDING, "--processes", str(processes),
             "--timeout", "30", "--out", str(report)]
     before = [scrape(b) for b in bases]
-    cpu0 = {k: sum(tree_cpu_s(p.popen.pid) for p in v) for k, v in servers.items()}
+    cpu0 = {k: sum(tree_cpu_seconds(p.popen.pid) for p in v) for k, v in servers.items()}
     m0, t0, kids0 = machine_cpu_s(), time.monotonic(), children_cpu_s()
     done = subprocess.run(argv, capture_output=True, text=True, timeout=cfg.duration_s + cfg.warmup_s + 60)
     t1 = time.monotonic()
@@ -216,7 +191,7 @@ def bench_point(cfg: RunConfig, url: str, concurrency: int, processes: int, serv
     window = gpu.window(t1 - 0.3 - cfg.duration_s, t1 - 0.3)
     after = [scrape(b) for b in bases]
     point: dict[str, Any] = {"command": " ".join(["fleetserve", *argv[3:]]), "concurrency": concurrency, **window}
-    point.update({f"{k}_cores": (sum(tree_cpu_s(p.popen.pid) for p in v) - cpu0[k]) / wall
+    point.update({f"{k}_cores": (sum(tree_cpu_seconds(p.popen.pid) for p in v) - cpu0[k]) / wall
                   for k, v in servers.items()})
     point["machine_cores"] = (machine_cpu_s() - m0) / wall
     rows = sum(a.get("fleetserve_batch_size_sum", 0) - b.get("fleetserve_batch_size_sum", 0)
@@ -258,7 +233,7 @@ def run_replica(cfg: RunConfig, deadline: Deadline, gpu: GpuSampler, results: di
             continue
         procs, bases = start_replicas(cfg, 1, instances, cfg.work)
         try:
-            wait_ready(bases[0] + "/v2/health/ready", procs, min(120.0, deadline.left()))
+            wait_all_ready(bases[0] + "/v2/health/ready", procs, min(120.0, deadline.left()))
             for c in cfg.concurrency:
                 if deadline.left() < cfg.duration_s + cfg.warmup_s + 10:
                     results["replica"].append({"instances": instances, "concurrency": c, "skipped": "out of time"})
@@ -285,10 +260,10 @@ def run_fleet(cfg: RunConfig, deadline: Deadline, gpu: GpuSampler, results: dict
         gateway: list[Proc] = []
         try:
             for b in bases:
-                wait_ready(b + "/v2/health/ready", procs, min(150.0, deadline.left()))
+                wait_all_ready(b + "/v2/health/ready", procs, min(150.0, deadline.left()))
             gateway.append(Proc(gateway_argv, cfg.work / "gateway.log"))
             url = f"http://127.0.0.1:{port}"
-            wait_ready(url + "/v2/health/ready", gateway, 30.0)
+            wait_all_ready(url + "/v2/health/ready", gateway, 30.0)
             time.sleep(1.0)  # every worker's health checker has seen every backend
             for c in cfg.fleet_concurrency:
                 if deadline.left() < cfg.duration_s + cfg.warmup_s + 10:

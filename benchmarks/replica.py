@@ -35,12 +35,10 @@ import datetime
 import json
 import os
 import random
-import signal
 import subprocess
 import sys
 import sysconfig
 import tempfile
-import time
 import urllib.error
 import urllib.request
 from collections.abc import Callable
@@ -57,6 +55,8 @@ from fleetserve.bench.workloads import Payload, sentence, token_count
 from fleetserve.deploy.local import free_port
 from fleetserve.models.store import ModelStore
 
+from _common import NotReady, cpu_model, http_get, scrape, stop_process, wait_ready
+
 HERE = Path(__file__).resolve().parent
 MODEL = "minilm"
 MAX_SEQ = 256  # the minilm engine's profile
@@ -69,23 +69,6 @@ SETUPS: dict[str, tuple[str, tuple[str, ...]]] = {
     "d": ("NVIDIA PyTriton, dynamic batcher", ()),
 }
 OPEN_FRACTIONS = (0.3, 0.6, 0.9)
-
-
-def cpu_model() -> str:
-    for line in Path("/proc/cpuinfo").read_text().splitlines():
-        if line.startswith("model name"):
-            return line.split(":", 1)[1].strip()
-    return "unknown"
-
-
-def http_get(url: str) -> tuple[int, bytes]:
-    try:
-        with urllib.request.urlopen(url, timeout=5) as r:
-            return r.status, r.read()
-    except urllib.error.HTTPError as exc:
-        return exc.code, exc.read()
-    except OSError:
-        return 0, b""
 
 
 @dataclass
@@ -115,21 +98,13 @@ class Server:
             stats = json.loads(http_get(f"{self.url}/v2/models/{MODEL}/stats")[1] or b"{}")
             model = (stats.get("model_stats") or [{}])[0]
             return float(model.get("execution_count", 0)), float(model.get("inference_count", 0)), 0.0, 0.0
+        found = scrape(self.url)
         names = ("batch_size_count", "batch_size_sum", "batch_sequence_length_sum", "batch_sequence_length_count")
-        found = dict.fromkeys(names, 0.0)
-        for line in http_get(f"{self.url}/metrics")[1].decode().splitlines():
-            name = line.split("{", 1)[0].removeprefix("fleetserve_")
-            if name in found:
-                found[name] = float(line.rsplit(" ", 1)[1])
-        return found[names[0]], found[names[1]], found[names[2]], found[names[3]]
+        calls, rows, padded, sequences = (found.get(f"fleetserve_{name}", 0.0) for name in names)
+        return calls, rows, padded, sequences
 
     def stop(self) -> None:
-        self.popen.send_signal(signal.SIGTERM)
-        try:
-            self.popen.wait(30)
-        except subprocess.TimeoutExpired:
-            os.killpg(self.popen.pid, signal.SIGKILL)
-            self.popen.wait(5)
+        stop_process(self.popen, 30.0, kill_group=True)
 
 
 def start_server(setup: str, args: argparse.Namespace, engine: Path, tokenizer: Path, logs: Path) -> Server:
@@ -153,12 +128,11 @@ def start_server(setup: str, args: argparse.Namespace, engine: Path, tokenizer: 
     with log.open("wb") as out:
         popen = subprocess.Popen(cmd, stdout=out, stderr=subprocess.STDOUT, env=env, start_new_session=True)
     server = Server(setup, popen, f"http://127.0.0.1:{port}", setup == "d")
-    deadline = time.monotonic() + 180
-    while http_get(server.url + ready)[0] != 200:
-        if popen.poll() is not None or time.monotonic() > deadline:
-            server.stop()
-            raise RuntimeError(f"setup {setup} did not get ready; log {log}:\n{log.read_text()[-3000:]}")
-        time.sleep(0.2)
+    try:
+        wait_ready(lambda: http_get(server.url + ready)[0] == 200, [popen], 180.0, f"setup {setup}", poll_s=0.2)
+    except NotReady as exc:
+        server.stop()
+        raise RuntimeError(f"{exc}; log {log}:\n{log.read_text()[-3000:]}") from None
     return server
 
 

@@ -15,48 +15,22 @@ where others used more than ``noisy_cores`` is run once more and the quieter att
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import os
 import random
 import time
 from collections import Counter
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import Any
 
 import numpy as np
 
 from fleetserve.bench.arrivals import arrival_offsets
 from fleetserve.bench.client import ClientConfig, HttpClient, RequestError, open_client
+from fleetserve.bench.scenarios import tree_cpu_seconds
 from fleetserve.bench.workloads import Payload
 
-HZ = os.sysconf("SC_CLK_TCK")
-
-
-def machine_cpu_s() -> float:
-    """Busy CPU seconds of the whole machine since boot (all states but idle and iowait)."""
-    ticks = [int(x) for x in Path("/proc/stat").read_text().split("\n", 1)[0].split()[1:]]
-    return (sum(ticks[:8]) - ticks[3] - ticks[4]) / HZ
-
-
-def tree_cpu_s(root: int) -> float:
-    """CPU seconds used so far by ``root`` and every live descendant (Triton runs several processes)."""
-    parents: dict[int, int] = {}
-    used: dict[int, float] = {}
-    for entry in Path("/proc").iterdir():
-        if entry.name.isdigit():
-            with contextlib.suppress(OSError, ValueError, IndexError):
-                stat = (entry / "stat").read_text().rsplit(")", 1)[1].split()
-                parents[int(entry.name)] = int(stat[1])
-                used[int(entry.name)] = (int(stat[11]) + int(stat[12])) / HZ
-    members, frontier = {root}, [root]
-    while frontier:
-        pid = frontier.pop()
-        kids = [p for p, parent in parents.items() if parent == pid and p not in members]
-        members.update(kids)
-        frontier += kids
-    return sum(used.get(p, 0.0) for p in members)
+from _common import machine_cpu_s
 
 
 @dataclass(frozen=True)
@@ -163,12 +137,12 @@ async def measure(
         client = await open_client("fast", ClientConfig(url, concurrency or settings.max_inflight, settings.timeout_s))
         prepared = [client.prepare(p) for p in payloads]
         loadavg, before = os.getloadavg()[0], counters()
-        t0, m0, s0, g0 = time.monotonic(), machine_cpu_s(), tree_cpu_s(server_pid), time.process_time()
+        t0, m0, s0, g0 = time.monotonic(), machine_cpu_s(), tree_cpu_seconds(server_pid), time.process_time()
         try:
             outcome = await drive(client, prepared, settings, concurrency, rate)
         finally:
             await client.close()
-        t1, m1, s1, g1 = time.monotonic(), machine_cpu_s(), tree_cpu_s(server_pid), time.process_time()
+        t1, m1, s1, g1 = time.monotonic(), machine_cpu_s(), tree_cpu_seconds(server_pid), time.process_time()
         calls, rows, seq_sum, seq_n = (b - a for a, b in zip(before, counters(), strict=True))
         wall = t1 - t0
         server, generator = (s1 - s0) / wall, (g1 - g0) / wall

@@ -11,6 +11,8 @@ from __future__ import annotations
 import math
 from typing import Any
 
+from _common import markdown_table
+
 ORDER = ("a", "a-promote", "b", "b'", "c", "d")
 COLUMNS = ["req/s", "p50 ms", "p99 ms", "errors", "mean batch", "mean padded seq", "server CPU", "generator CPU",
            "others CPU"]
@@ -24,9 +26,9 @@ def fmt(value: float | None, digits: int = 1) -> str:
     return "–" if value is None or math.isnan(value) else f"{value:.{digits}f}"
 
 
-def markdown(headers: list[str], rows: list[list[str]]) -> str:
-    lines = ["| " + " | ".join(headers) + " |", "|" + "|".join(["---"] + ["---:"] * (len(headers) - 1)) + "|"]
-    return "\n".join(lines + ["| " + " | ".join(row) + " |" for row in rows])
+def _markdown(headers: list[str], rows: list[list[str]]) -> str:
+    """Text in the first column, numbers (right-aligned) in the others."""
+    return markdown_table(headers, rows, ["---"] + ["---:"] * (len(headers) - 1))
 
 
 def _rows(points: list[dict[str, Any]], load: str) -> list[list[str]]:
@@ -80,11 +82,11 @@ def tables(points: list[dict[str, Any]], found: list[dict[str, Any]]) -> str:
     met = {True: "yes", False: "**no**", None: "–"}
     return "\n\n".join([
         "### Closed loop (CPU in cores, of 2)",
-        markdown(["setup", "concurrency", *COLUMNS], _rows([p for p in points if p["concurrency"]], "concurrency")),
+        _markdown(["setup", "concurrency", *COLUMNS], _rows([p for p in points if p["concurrency"]], "concurrency")),
         "### Open loop, Poisson arrivals (same rates for every setup)",
-        markdown(["setup", "target req/s", *COLUMNS], _rows([p for p in points if p["rate"]], "rate")),
+        _markdown(["setup", "target req/s", *COLUMNS], _rows([p for p in points if p["rate"]], "rate")),
         "### Ratios measured in this run",
-        markdown(["comparison", "measured", "goal", "met"],
+        _markdown(["comparison", "measured", "goal", "met"],
                  [[r["name"], f"{r['value']:.2f}×", r["goal"], met[r["met"]]] for r in found]),
     ])
 

@@ -1,0 +1,120 @@
+"""Helpers the benchmark scripts share: the machine a table was measured on, CPU time from /proc, HTTP
+probes and Prometheus scrapes of the servers under test, starting and stopping them, Markdown tables.
+
+Scripts run as ``python benchmarks/NAME.py``, which puts this folder on ``sys.path``: they import it as
+``_common``.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import platform
+import signal
+import subprocess
+import time
+import urllib.error
+import urllib.request
+from collections.abc import Callable, Sequence
+from pathlib import Path
+from typing import Any
+
+from prometheus_client.parser import text_string_to_metric_families
+
+HZ = os.sysconf("SC_CLK_TCK")
+
+
+def cpu_model() -> str:
+    """The processor's marketing name (``/proc/cpuinfo``), for the header of a results table."""
+    with contextlib.suppress(OSError):
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                return line.split(":", 1)[1].strip()
+    return platform.processor() or "unknown"
+
+
+def machine() -> str:
+    """``CPU model, N cores``: where a table's numbers come from."""
+    return f"{cpu_model()}, {os.cpu_count()} cores"
+
+
+def process_cpu_s(pid: int) -> float:
+    """User + system CPU seconds of one process so far."""
+    stat = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return (int(stat[11]) + int(stat[12])) / HZ
+
+
+def machine_cpu_s() -> float:
+    """Busy CPU seconds of the whole machine since boot (every state but idle and iowait)."""
+    ticks = [int(x) for x in Path("/proc/stat").read_text().split("\n", 1)[0].split()[1:]]
+    return (sum(ticks[:8]) - ticks[3] - ticks[4]) / HZ
+
+
+def http_get(url: str, timeout: float = 5.0) -> tuple[int, bytes]:
+    """(status, body); an HTTP error status with its body; (0, b"") when nothing answered."""
+    try:
+        with urllib.request.urlopen(url, timeout=timeout) as r:
+            return int(r.status), r.read()
+    except urllib.error.HTTPError as exc:
+        return exc.code, exc.read()
+    except OSError:
+        return 0, b""
+
+
+def scrape(base_url: str, timeout: float = 5.0) -> dict[str, float]:
+    """Each sample name of a server's ``/metrics`` page, summed over its label sets."""
+    status, body = http_get(f"{base_url}/metrics", timeout)
+    if status != 200:
+        raise RuntimeError(f"{base_url}/metrics answered {status or 'nothing'}")
+    totals: dict[str, float] = {}
+    for family in text_string_to_metric_families(body.decode()):
+        for sample in family.samples:
+            totals[sample.name] = totals.get(sample.name, 0.0) + sample.value
+    return totals
+
+
+class NotReady(RuntimeError):
+    """A server under test exited, or did not get ready in time."""
+
+
+def wait_ready(ready: Callable[[], bool], procs: Sequence[subprocess.Popen[Any]], timeout_s: float,
+               what: str, poll_s: float = 0.1) -> None:
+    """Poll ``ready()`` (an OSError or ValueError counts as not ready) until it holds; raise :class:`NotReady`
+    at once when one of ``procs`` exits, or when ``timeout_s`` passes."""
+    deadline = time.monotonic() + timeout_s
+    while True:
+        with contextlib.suppress(OSError, ValueError):
+            if ready():
+                return
+        for proc in procs:
+            if proc.poll() is not None:
+                raise NotReady(f"{what}: {' '.join(map(str, proc.args))} exited with {proc.returncode}")
+        if time.monotonic() >= deadline:
+            raise NotReady(f"{what} not ready within {timeout_s:.0f} s")
+        time.sleep(poll_s)
+
+
+def stop_process(proc: subprocess.Popen[Any], grace_s: float, *, term_group: bool = False,
+                 kill_group: bool = False) -> None:
+    """SIGTERM, then SIGKILL after ``grace_s``; ``*_group`` sends that signal to the process's session
+    (a server started with ``start_new_session=True`` together with its workers)."""
+    if proc.poll() is None:
+        if term_group:
+            os.killpg(proc.pid, signal.SIGTERM)
+        else:
+            proc.send_signal(signal.SIGTERM)
+    try:
+        proc.wait(grace_s)
+    except subprocess.TimeoutExpired:
+        if kill_group:
+            os.killpg(proc.pid, signal.SIGKILL)
+        else:
+            proc.kill()
+        proc.wait()
+
+
+def markdown_table(head: Sequence[str], rows: Sequence[Sequence[str]], align: str | Sequence[str] = "---") -> str:
+    """A Markdown table; ``align`` is one separator cell for every column (``---``, ``---:``) or one each."""
+    cells = [align] * len(head) if isinstance(align, str) else list(align)
+    lines = ["| " + " | ".join(head) + " |", "|" + "|".join(cells) + "|"]
+    return "\n".join(lines + ["| " + " | ".join(row) + " |" for row in rows])
