@@ -94,6 +94,7 @@ class Venv:
 
 
 def _env() -> dict[str, str]:
+    """Our environment, without a PYTHONPATH that could put the checkout before the installed package."""
     return {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
 
 
@@ -117,7 +118,7 @@ def _wheel(venv: Venv, source: Path, *options: str) -> Path:
 
 def _serve(venv: Venv) -> contextlib.AbstractContextManager[Proc]:
     """A replica run by the venv's console script from the venv's directory: nothing can import the checkout."""
-    return replica("tiny", command=[str(venv.path / "bin" / "fleetserve")], cwd=venv.path, env=_env())
+    return replica("tiny", command=[str(venv.path / "bin" / "fleetserve")], cwd=venv.path, env={"PYTHONPATH": ""})
 
 
 def _http_embedding(proc: Proc) -> np.ndarray:

@@ -57,10 +57,10 @@ def _pump(proc: Proc) -> None:
 
 def spawn(args: list[str], port: int, grpc_port: int = 0, env: dict[str, str] | None = None,
           command: list[str] | None = None, cwd: Path | None = None) -> Proc:
-    """Run ``fleetserve ARGS`` (this interpreter's, unless ``command`` names another) in ``env`` (default: ours)."""
+    """Run ``fleetserve ARGS`` (this interpreter's, unless ``command`` names another), ``env`` on top of ours."""
     popen = subprocess.Popen(
         [*(command or [sys.executable, "-m", "fleetserve.cli"]), *args], stdout=subprocess.PIPE,
-        stderr=subprocess.STDOUT, text=True, cwd=cwd, env={**(env or os.environ), "PYTHONUNBUFFERED": "1"},
+        stderr=subprocess.STDOUT, text=True, cwd=cwd, env={**os.environ, "PYTHONUNBUFFERED": "1", **(env or {})},
     )
     proc = Proc(popen, port, grpc_port)
     threading.Thread(target=_pump, args=(proc,), daemon=True).start()
