@@ -4,10 +4,10 @@ from __future__ import annotations
 
 import json
 import signal
-import time
 import urllib.request
 
 from tests.support.procs import Proc, free_port, spawn, wait_http
+from tests.support.waiting import until_sync
 
 
 def test_an_engine_backend_in_the_environment_reaches_the_replicas_and_not_the_gateway() -> None:
@@ -35,10 +35,7 @@ def test_an_engine_backend_in_the_environment_reaches_the_replicas_and_not_the_g
 
 
 def _wait_for_line(proc: Proc, text: str, timeout_s: float = 30.0) -> None:
-    deadline = time.monotonic() + timeout_s
-    while text not in proc.output():
-        assert time.monotonic() < deadline, f"{text!r} not printed:\n{proc.output()}"
-        time.sleep(0.05)
+    until_sync(lambda: text in proc.output(), timeout_s, what=f"{text!r} printed")
 
 
 def _refused(port: int) -> bool:
@@ -56,8 +53,5 @@ def test_the_fleet_stops_with_its_supervisor_even_when_it_is_killed() -> None:
     finally:
         proc.signal(signal.SIGKILL)
         proc.popen.wait(10)
-    deadline = time.monotonic() + 30
-    while not (_refused(port) and _refused(base)):
-        assert time.monotonic() < deadline, "the gateway or replica outlived `fleetserve up`"
-        time.sleep(0.05)
+    until_sync(lambda: _refused(port) and _refused(base), 30, what="the gateway and replica stopped with `up`")
 
