@@ -12,6 +12,7 @@ from fleetserve.fleet.config import FleetConfig, gateway_config, replica_config
 from fleetserve.fleet.supervisor import Backoff, Member, Supervisor, child_environ
 from fleetserve.gateway.config import GatewayConfig
 from fleetserve.replica.config import ReplicaConfig
+from tests.support.waiting import until
 
 
 def test_backoff_doubles_caps_and_resets_after_stable_uptime() -> None:
@@ -73,8 +74,7 @@ async def test_a_stop_while_the_fleet_starts_ends_it_without_waiting_for_readine
     monkeypatch.setattr("fleetserve.fleet.supervisor.http_ok", lambda url: False)
     stop = asyncio.Event()
     run = asyncio.create_task(sup.run(stop))
-    while len(started) < 2:
-        await asyncio.sleep(0.01)
+    await until(lambda: len(started) == 2, what="the replica and the gateway were started")
     stop.set()
     await asyncio.wait_for(run, timeout=30)
     assert [p.returncode for p in started] == [-signal.SIGTERM, -signal.SIGTERM]
