@@ -24,6 +24,7 @@ from fleetserve.gateway.edge.config import EdgeConfig, RateLimitRule
 from fleetserve.gateway.edge.jwtconfig import JwtConfig, KeySpec
 from tests.deploy.test_local import infer, served
 from tests.support.procs import Proc, replica
+from tests.support.waiting import until_sync
 
 V2_BODY = json.dumps({"inputs": [
     {"name": name, "shape": [1, 4], "datatype": "INT64", "data": data}
@@ -72,10 +73,7 @@ def test_a_killed_replica_is_ejected_and_retried_around(pair: tuple[Proc, Proc],
         before = served(survivor)
         statuses = [infer(envoy.url) for _ in range(10)]
         # Outlier detection (2 refused connects) or 3 failed probes 0.2 s apart; generous for a loaded 2-core box.
-        deadline = time.monotonic() + 15
-        while envoy.hosts()[victim.url]["health"] == "healthy":
-            assert time.monotonic() < deadline, envoy.hosts()
-            time.sleep(0.05)
+        until_sync(lambda: envoy.hosts()[victim.url]["health"] != "healthy", 15, what="Envoy marks the victim")
         health = envoy.hosts()[victim.url]["health"]
     assert statuses == [200] * 10
     assert served(survivor) - before == 10
