@@ -6,13 +6,13 @@ import json
 import signal
 import urllib.request
 
-from tests.support.procs import Proc, free_port, spawn, wait_http
+from tests.support.procs import Proc, free_port, free_port_block, spawn, wait_http
 from tests.support.waiting import until_sync
 
 
 def test_an_engine_backend_in_the_environment_reaches_the_replicas_and_not_the_gateway() -> None:
     """``FLEETSERVE_BACKEND`` names an engine backend to ``up``; the gateway once read it as a replica URL."""
-    port, base = free_port(), free_port()
+    port, base = free_port(), free_port_block(2)
     proc = spawn(["up", "tiny", "--replicas", "1", "--port", str(port), "--base-port", str(base)], port,
                  env={"FLEETSERVE_BACKEND": "onnxruntime", "FLEETSERVE_MAX_QUEUE": "1"})
     try:
@@ -46,7 +46,7 @@ def _refused(port: int) -> bool:
 
 
 def test_the_fleet_stops_with_its_supervisor_even_when_it_is_killed() -> None:
-    port, base = free_port(), free_port()
+    port, base = free_port(), free_port_block(2)
     proc = spawn(["up", "tiny", "--replicas", "1", "--port", str(port), "--base-port", str(base)], port)
     try:
         wait_http(f"{proc.url}/readyz", timeout=120, proc=proc)
