@@ -12,18 +12,11 @@ from fleetserve.gateway.dashboard.sampler import FleetSampler, quantile
 from fleetserve.gateway.discovery import Insert, Remove
 from fleetserve.gateway.endpoint import Endpoint
 from fleetserve.gateway.metrics import NO_BACKEND, GatewayMetrics
+from tests.support.clock import FakeClock
 
 A = Endpoint.from_url("http://10.0.0.1:8000")
 B = Endpoint.from_url("http://10.0.0.2:8000")
 INF = math.inf
-
-
-class FakeClock:
-    def __init__(self) -> None:
-        self.now = 1000.0
-
-    def __call__(self) -> float:
-        return self.now
 
 
 def test_quantile_interpolates_inside_the_bucket_like_histogram_quantile() -> None:
@@ -53,7 +46,7 @@ def _serve(metrics: GatewayMetrics, ep: Endpoint, n: int, latency_s: float, code
 
 
 def test_a_frame_has_rates_shares_and_quantiles_over_the_window() -> None:
-    clock = FakeClock()
+    clock = FakeClock(1000.0)
     metrics, balancer, sampler = _fleet(clock)
     _serve(metrics, A, 40, 0.004)  # before the window: not counted
     sampler.tick()
@@ -82,7 +75,7 @@ def test_a_frame_has_rates_shares_and_quantiles_over_the_window() -> None:
 
 
 def test_polls_get_only_newer_points_and_history_is_bounded() -> None:
-    clock = FakeClock()
+    clock = FakeClock(1000.0)
     metrics, _, sampler = _fleet(clock)
     for _ in range(15):
         _serve(metrics, A, 3, 0.002)
@@ -97,7 +90,7 @@ def test_polls_get_only_newer_points_and_history_is_bounded() -> None:
 
 
 def test_a_backend_that_left_and_came_back_never_shows_a_negative_rate() -> None:
-    clock = FakeClock()
+    clock = FakeClock(1000.0)
     metrics, balancer, sampler = _fleet(clock)
     _serve(metrics, A, 50, 0.002)
     metrics.observe_request(NO_BACKEND, 503)
