@@ -21,7 +21,9 @@ The policy follows NVIDIA Triton's dynamic batcher (model configuration guide, "
   such requests would otherwise need another engine call after this one.
 - A request whose deadline passes while queued is removed and reported as expired, never dispatched.
 
-Each poll is linear in the queue length, which ``max_queue`` bounds.
+Each poll is linear in the queue length, which ``max_queue`` bounds; it plans every bucket once, keeps
+per-bucket row counts, and skips the deadline scans while no queued request has a deadline (the fleet
+simulator polls a collator per simulated replica millions of times).
 """
 
 from __future__ import annotations
@@ -85,6 +87,8 @@ class Collator(Generic[T]):
         self._preferred = frozenset(config.preferred_batch_sizes)
         self._capacity = config.preferred_batch_sizes[-1] if config.preferred_batch_sizes else config.max_batch
         self._buckets: dict[int, list[Pending[T]]] = {}
+        self._bucket_rows: dict[int, int] = {}
+        self._with_deadline = 0
         self._rows = 0
         self._count = 0
         self._arrivals = 0
@@ -107,9 +111,17 @@ class Collator(Generic[T]):
             raise Overloaded(f"queue full: {self._rows} of {self._config.max_queue} rows waiting; retry later")
         entry = Pending(payload, rows, bucket, priority, now, deadline, self._arrivals)
         self._arrivals += 1
-        bisect.insort(self._buckets.setdefault(bucket, []), entry, key=Pending.rank)
+        queue = self._buckets.get(bucket)
+        if queue is None:
+            self._buckets[bucket] = [entry]
+            self._bucket_rows[bucket] = rows
+        else:
+            bisect.insort(queue, entry, key=Pending.rank)
+            self._bucket_rows[bucket] += rows
         self._rows += rows
         self._count += 1
+        if deadline is not None:
+            self._with_deadline += 1
         return entry
 
     def remove(self, entry: Pending[T]) -> bool:
@@ -128,12 +140,15 @@ class Collator(Generic[T]):
 
     def poll(self, now: float, *, can_dispatch: bool = True, flush: bool = False) -> Decision[T]:
         """Expire overdue requests and, if ``can_dispatch`` (an instance is free), pick the next batch."""
-        expired = [e for queue in self._buckets.values() for e in queue if e.deadline is not None and e.deadline <= now]
-        self._take(expired)
-        batch = self._select(now, flush) if can_dispatch else None
-        return Decision(batch, tuple(expired), self._wake_at(now, can_dispatch, flush))
+        expired: list[Pending[T]] = []
+        if self._with_deadline:
+            expired = [e for q in self._buckets.values() for e in q if e.deadline is not None and e.deadline <= now]
+            self._take(expired)
+        plans = {bucket: self._plan(bucket, queue, now, flush) for bucket, queue in self._buckets.items()}
+        batch = self._select(plans, now, flush) if can_dispatch else None
+        return Decision(batch, tuple(expired), self._wake_at(plans, now, can_dispatch))
 
-    def _plan(self, queue: list[Pending[T]], now: float, flush: bool) -> list[Pending[T]] | None:
+    def _plan(self, bucket: int, queue: list[Pending[T]], now: float, flush: bool) -> list[Pending[T]] | None:
         """The batch this bucket would send at ``now``, or None while it should keep waiting."""
         fill = [queue[0]]
         used = queue[0].rows
@@ -149,17 +164,18 @@ class Collator(Generic[T]):
                     best = i + 1
             if best:
                 return fill[:best]
-        if flush or sum(e.rows for e in queue) >= self._capacity or now >= self._due(queue):
+        if flush or self._bucket_rows[bucket] >= self._capacity or now >= self._due(queue):
             return fill
         return None
 
     def _due(self, queue: list[Pending[T]]) -> float:
-        return min(e.enqueued_at for e in queue) + self._config.max_delay_s
+        oldest = queue[0].enqueued_at if len(queue) == 1 else min(e.enqueued_at for e in queue)
+        return oldest + self._config.max_delay_s
 
-    def _select(self, now: float, flush: bool) -> Batch[T] | None:
+    def _select(self, plans: dict[int, list[Pending[T]] | None], now: float, flush: bool) -> Batch[T] | None:
+        """Take the batch to send from the buckets' ``plans`` and re-plan the buckets it took from."""
         best: tuple[int, list[Pending[T]]] | None = None
-        for bucket, queue in self._buckets.items():
-            plan = self._plan(queue, now, flush)
+        for bucket, plan in plans.items():
             if plan is not None and (best is None or plan[0].rank() < best[1][0].rank()):
                 best = (bucket, plan)
         if best is None:
@@ -170,6 +186,12 @@ class Collator(Generic[T]):
         if self._config.promote_overdue and not grown_to_preferred:
             entries = entries + self._riders(bucket, now, flush, max(self._capacity, used) - used)
         self._take(entries)
+        for touched in {e.bucket for e in entries}:
+            queue = self._buckets.get(touched)
+            if queue is None:
+                del plans[touched]
+            else:
+                plans[touched] = self._plan(touched, queue, now, flush)
         return Batch(tuple(entries), bucket)
 
     def _riders(self, bucket: int, now: float, flush: bool, spare: int) -> list[Pending[T]]:
@@ -191,27 +213,32 @@ class Collator(Generic[T]):
                 spare -= entry.rows
         return riders
 
-    def _wake_at(self, now: float, can_dispatch: bool, flush: bool) -> float | None:
-        times = [e.deadline for queue in self._buckets.values() for e in queue if e.deadline is not None]
-        for queue in self._buckets.values():
-            if self._plan(queue, now, flush) is None:
+    def _wake_at(self, plans: dict[int, list[Pending[T]] | None], now: float, can_dispatch: bool) -> float | None:
+        times = []
+        if self._with_deadline:
+            times = [e.deadline for q in self._buckets.values() for e in q if e.deadline is not None]
+        for bucket, queue in self._buckets.items():
+            if plans[bucket] is None:
                 times.append(self._due(queue))
             elif can_dispatch:
                 times.append(now)
         return min(times, default=None)
 
     def _take(self, entries: Iterable[Pending[T]]) -> None:
-        gone = {id(e) for e in entries}
+        gone = {id(e): e for e in entries}
         if not gone:
             return
-        for bucket in list(self._buckets):
+        for bucket in {e.bucket for e in gone.values()}:
             queue = self._buckets[bucket]
             kept = [e for e in queue if id(e) not in gone]
-            for e in queue:
-                if id(e) in gone:
-                    self._rows -= e.rows
-                    self._count -= 1
             if kept:
                 self._buckets[bucket] = kept
+                self._bucket_rows[bucket] = sum(e.rows for e in kept)
             else:
                 del self._buckets[bucket]
+                del self._bucket_rows[bucket]
+        for e in gone.values():
+            self._rows -= e.rows
+            self._count -= 1
+            if e.deadline is not None:
+                self._with_deadline -= 1
