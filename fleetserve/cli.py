@@ -35,6 +35,8 @@ COMMANDS: Registry[Any] = Registry("command", {
     "up": "fleetserve.fleet.command",
     "bench": "fleetserve.bench.command",
     "deploy": "fleetserve.deploy.command",
+    "profile": "fleetserve.sim.profile_command",
+    "plan": "fleetserve.sim.plan_command",
 })
 SUMMARIES = {
     "build": "build an optimized engine (cached) from a zoo model or ONNX file",
@@ -44,6 +46,8 @@ SUMMARIES = {
     "up": "run a local fleet: N supervised replicas + a gateway",
     "bench": "load-test a URL (open or closed loop) and report latency",
     "deploy": "render deployment assets (Kubernetes, NGINX, HAProxy, Prometheus, Grafana)",
+    "profile": "measure an engine's service times and a replica's and gateway's CPU costs",
+    "plan": "simulate fleets: the smallest one per GPU type that holds a p99 SLO, with its cost",
 }
 # Python packages of the optional extras, for the one-line hint when one is missing.
 EXTRAS = {"torch": "export", "transformers": "export", "safetensors": "export", "matplotlib": "plot",

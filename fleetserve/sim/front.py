@@ -1,0 +1,102 @@
+"""The simulated gateway: worker processes, each with its own CPU queue and its own real balancer.
+
+``fleetserve gateway --workers N`` runs N processes on one port (SO_REUSEPORT); each balances on its own
+view of the fleet. Here each worker is a FIFO server costing ``gateway_cpu_s`` per request and a
+:class:`~fleetserve.sim.gateway.SimBalancer`; an arriving request goes to a worker chosen uniformly at random
+(the kernel hashes connections across the sockets).
+
+The forwarding rule restates :mod:`fleetserve.gateway.proxy`'s: a connect failure (nothing listening) is
+retried on another replica without the retry budget (no replica did any work); a reset before the response
+or a 503 is retried within the budget; at most ``max_retries`` retries, each on a replica not tried yet.
+When no replica can be picked the client gets a 503 at once.
+"""
+
+from __future__ import annotations
+
+import random
+from collections.abc import Callable
+
+from fleetserve.sim.events import EventLoop
+from fleetserve.sim.gateway import BalancerConfig, SimBalancer, load_report, reads_load_reports
+from fleetserve.sim.host import Host, Server
+from fleetserve.sim.replica import SimReplica
+from fleetserve.sim.request import CONNECT_ERROR, NO_REPLICA, OK, OVERLOADED, RESET, Request
+
+Done = Callable[[Request, int], None]
+
+
+class FrontWorker:
+    def __init__(self, loop: EventLoop, host: Host, config: BalancerConfig, *, cpu_s: float, max_retries: int,
+                 rng: random.Random, done: Done, network_s: float = 0.0, name: str = "gateway") -> None:
+        self.loop = loop
+        self.balancer: SimBalancer[SimReplica] = SimBalancer(config, clock=loop.clock, rng=rng)
+        self.server = Server(loop, host, name=name)
+        self._cpu_s = cpu_s
+        self._max_retries = max_retries
+        self._done = done
+        self._network_s = network_s
+        self._reports = reads_load_reports(config.policy)
+        self.retries = 0
+
+    def receive(self, request: Request) -> None:
+        request.front = self
+        if self._cpu_s:
+            self.server.submit(self._cpu_s, self._route, request)
+        else:
+            self._route(request)
+
+    def _route(self, request: Request) -> None:
+        balancer = self.balancer
+        ep = balancer.pick(request.tickets or ())
+        if ep is None:
+            if request.budgeted:
+                balancer.retry_budget.release()
+                request.budgeted = False
+            self._done(request, NO_REPLICA)
+            return
+        replica = balancer.replica(ep)
+        request.ticket = balancer.start(ep)
+        request.attempts += 1
+        if not replica.accepts():
+            self._answer(request, CONNECT_ERROR, replica)
+        elif self._network_s:
+            self.loop.after(self._network_s, replica.receive, request)
+        else:
+            replica.receive(request)
+
+    def answer(self, request: Request, status: int, replica: SimReplica) -> None:
+        """A replica's answer for ``request`` (called by the replica, possibly after a network delay)."""
+        if self._network_s and status != CONNECT_ERROR:
+            self.loop.after(self._network_s, self._answered, (request, status, replica))
+        else:
+            self._answer(request, status, replica)
+
+    def _answered(self, args: tuple[Request, int, SimReplica]) -> None:
+        self._answer(*args)
+
+    def _answer(self, request: Request, status: int, replica: SimReplica) -> None:
+        ticket = request.ticket
+        if ticket is None:  # answered already (e.g. reset after a crash raced a reply)
+            return
+        request.ticket = None
+        connect_error = status == CONNECT_ERROR
+        headers = load_report(replica.queue_depth, replica.inflight_rows) if self._reports and status == OK else None
+        ticket.finish(status=None if connect_error else status, connect_error=connect_error, headers=headers)
+        budget = self.balancer.retry_budget
+        if request.budgeted:
+            budget.release()
+            request.budgeted = False
+        if status not in (CONNECT_ERROR, RESET, OVERLOADED) or request.attempts > self._max_retries:
+            self._done(request, status)
+            return
+        if not connect_error:
+            if not budget.try_acquire():
+                self._done(request, status)
+                return
+            request.budgeted = True
+        if request.tickets is None:
+            request.tickets = [ticket]
+        else:
+            request.tickets.append(ticket)
+        self.retries += 1
+        self._route(request)

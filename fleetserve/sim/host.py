@@ -1,0 +1,185 @@
+"""Compute resources: FIFO servers (a replica's event loop, an engine instance, a gateway worker) on hosts
+whose capacity they share.
+
+A :class:`Server` runs one job at a time, first in first out; a job is an amount of *work* in seconds, the
+time it takes on an otherwise idle host. A :class:`Host` has ``capacity`` units (CPU cores, or for a GPU how
+many engine instances' worth of work it overlaps, measured by ``fleetserve profile``); each running server
+demands ``demand`` units (an ONNX Runtime session with 2 intra-op threads demands 2 cores). When the running
+demand exceeds the capacity left after ``background`` load, every running server slows down by the same
+factor: egalitarian processor sharing, the standard model of a time-sliced CPU (Kleinrock, "Queueing
+Systems" vol. 2, §4.4). Two replicas and a gateway on a 2-core box are one host; a GPU replica in a large
+fleet has its own host, which is never oversubscribed, so its servers take the fast path (no rescheduling).
+
+A paused server (SIGSTOP of its process, see :mod:`fleetserve.sim.faults`) keeps its job but makes no
+progress and demands nothing, which leaves more capacity to the others on its host.
+"""
+
+from __future__ import annotations
+
+import collections
+from collections.abc import Callable
+from typing import Any
+
+from fleetserve.sim.events import EventLoop
+
+Done = Callable[[Any], None]
+
+
+class Host:
+    """Capacity shared by the servers placed on it; see the module docstring."""
+
+    __slots__ = ("_attached", "_loop", "_roomy", "_running", "_speed", "background", "capacity", "name")
+
+    def __init__(self, loop: EventLoop, capacity: float, *, background: float = 0.0, name: str = "") -> None:
+        if capacity <= 0:
+            raise ValueError(f"host capacity must be > 0, got {capacity}")
+        if not 0 <= background < capacity:
+            raise ValueError(f"host background load must be in [0, capacity), got {background}")
+        self._loop = loop
+        self.capacity = capacity
+        self.background = background
+        self.name = name
+        self._running: set[Server] = set()
+        self._speed = 1.0
+        self._attached = 0.0
+        self._roomy = True
+
+    def _attach(self, demand: float) -> None:
+        self._attached += demand
+        # Never oversubscribed: every server always runs at full speed and nothing is ever rescheduled.
+        self._roomy = self._attached <= self.capacity - self.background
+
+    @property
+    def speed(self) -> float:
+        return self._speed
+
+    def _target_speed(self) -> float:
+        demand = sum(s.demand for s in self._running)
+        free = self.capacity - self.background
+        return 1.0 if demand <= free else free / demand
+
+    def _changed(self, server: Server, running: bool) -> None:
+        if running:
+            self._running.add(server)
+        else:
+            self._running.discard(server)
+        speed = self._target_speed()
+        if speed == self._speed:
+            return
+        now = self._loop.now
+        for other in self._running:
+            if other is not server:
+                other._respeed(now, self._speed, speed)
+        self._speed = speed
+
+
+class Server:
+    """A FIFO single server on a host; ``submit`` a job, get ``done(arg)`` called when it finishes."""
+
+    __slots__ = (
+        "_done", "_finish_at", "_host", "_job_arg", "_loop", "_paused", "_queue", "_remaining", "_token",
+        "busy_time", "demand", "name", "started_at",
+    )
+
+    def __init__(self, loop: EventLoop, host: Host, *, demand: float = 1.0, name: str = "") -> None:
+        if demand <= 0:
+            raise ValueError(f"server demand must be > 0, got {demand}")
+        self._loop = loop
+        self._host = host
+        self.demand = demand
+        self.name = name
+        host._attach(demand)
+        self._queue: collections.deque[tuple[float, Done, Any]] = collections.deque()
+        self._done: Done | None = None
+        self._job_arg: Any = None
+        self._remaining = 0.0
+        self._finish_at = 0.0
+        self._token = 0
+        self._paused = False
+        self.started_at = 0.0
+        self.busy_time = 0.0
+
+    @property
+    def busy(self) -> bool:
+        return self._done is not None
+
+    @property
+    def backlog(self) -> int:
+        """Jobs waiting behind the one running."""
+        return len(self._queue)
+
+    def submit(self, work: float, done: Done, arg: Any = None) -> None:
+        if self._done is not None:
+            self._queue.append((work, done, arg))
+            return
+        self._done, self._job_arg = done, arg
+        self.started_at = self._loop.now
+        self._remaining = work
+        if not self._paused:
+            self._run()
+
+    def _run(self) -> None:
+        host = self._host
+        if not host._roomy:
+            host._changed(self, True)
+        self._finish_at = self._loop.now + self._remaining / host._speed
+        self._token += 1
+        self._loop.schedule(self._finish_at, self._complete, self._token)
+
+    def _respeed(self, now: float, old: float, new: float) -> None:
+        left = (self._finish_at - now) * old
+        self._finish_at = now + left / new
+        self._token += 1
+        self._loop.schedule(self._finish_at, self._complete, self._token)
+
+    def _complete(self, token: int) -> None:
+        if token != self._token or self._paused:
+            return
+        now = self._loop.now
+        self.busy_time += now - self.started_at
+        done, arg = self._done, self._job_arg
+        self._done = self._job_arg = None
+        if self._queue:
+            work, next_done, next_arg = self._queue.popleft()
+            self._done, self._job_arg = next_done, next_arg
+            self.started_at = now
+            self._remaining = work
+            self._finish_at = now + work / self._host._speed
+            self._token += 1
+            self._loop.schedule(self._finish_at, self._complete, self._token)
+        elif not self._host._roomy:
+            self._host._changed(self, False)
+        assert done is not None
+        done(arg)
+
+    def pause(self) -> None:
+        """Stop making progress (the process got SIGSTOP); the job in hand waits."""
+        if self._paused:
+            return
+        self._paused = True
+        if self._done is not None:
+            now = self._loop.now
+            self._remaining = max(0.0, (self._finish_at - now) * self._host._speed)
+            self._token += 1
+            if not self._host._roomy:
+                self._host._changed(self, False)
+
+    def resume(self) -> None:
+        if not self._paused:
+            return
+        self._paused = False
+        if self._done is not None:
+            self._run()
+
+    def abort(self) -> list[Any]:
+        """Drop the job in hand and every queued one (the process died); returns their args."""
+        lost = [arg for _, _, arg in self._queue]
+        self._queue.clear()
+        if self._done is not None:
+            lost.insert(0, self._job_arg)
+            self._done = self._job_arg = None
+            self._token += 1
+            if not self._paused and not self._host._roomy:
+                self._host._changed(self, False)
+        self._paused = False
+        return lost

@@ -1,0 +1,151 @@
+"""``fleetserve plan --profile P.json [--profile Q.json …] --qps N --slo-p99-ms MS``: size a fleet by simulation.
+
+Prints, per profile (GPU type), the smallest fleet that holds the SLO with its p50/p99, engine utilisation,
+gateway workers, cost per hour and per million requests and the best policy; then every policy at that size
+and, for several profiles, the weights a weighted front end should give each type. ``--out`` writes the same
+as JSON; ``--plot DIR`` draws latency against load for fleet sizes around each answer.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from pathlib import Path
+from typing import Any
+
+from fleetserve.batching.config import BatcherConfig
+from fleetserve.sim.faults import Fault
+from fleetserve.sim.gateway import policy_names
+from fleetserve.sim.planner import DEFAULT_POLICIES, PlanConfig, Planner, ProfilePlan, derived_weights
+from fleetserve.sim.profile import Profile
+
+
+def _policies(text: str) -> tuple[str, ...]:
+    names = tuple(p.strip() for p in text.split(",") if p.strip())
+    unknown = [n for n in names if n not in policy_names()]
+    if unknown or not names:
+        raise argparse.ArgumentTypeError(f"unknown policy {unknown[0] if unknown else text!r}; "
+                                         f"choose from {', '.join(policy_names())}")
+    return names
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--profile", type=Path, action="append", required=True,
+                        help="a profile from `fleetserve profile` (repeat for several GPU types)")
+    parser.add_argument("--qps", type=float, required=True, help="load to serve, requests/s")
+    parser.add_argument("--slo-p99-ms", type=float, required=True, help="p99 latency the fleet must hold")
+    parser.add_argument("--cost-per-hour", type=float, action="append", default=[],
+                        help="price of one replica per hour, one per --profile in order (default: the profile's)")
+    parser.add_argument("--policies", type=_policies, default=DEFAULT_POLICIES,
+                        help=f"comma list of policies to compare (default: {','.join(DEFAULT_POLICIES)})")
+    parser.add_argument("--requests", type=int, default=60_000, help="simulated requests per run")
+    parser.add_argument("--instances", type=int, default=1, help="engine instances per replica")
+    parser.add_argument("--max-batch", type=int, default=32, help="replica --max-batch")
+    parser.add_argument("--max-delay-ms", type=float, default=2.0, help="replica --max-delay-ms")
+    parser.add_argument("--gateway-workers", type=int, help="gateway worker processes (default: from its CPU cost)")
+    parser.add_argument("--fault", type=Fault.parse, action="append", default=[],
+                        help="inject a fault in every run, e.g. throttle:1%% or crash:0@5 (see docs)")
+    parser.add_argument("--max-replicas", type=int, default=5000, help="give up above this fleet size")
+    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--out", type=Path, help="write the plan as JSON")
+    parser.add_argument("--plot", type=Path, metavar="DIR", help="write latency-vs-load PNGs here")
+    parser.add_argument("--quiet", action="store_true", help="no progress lines on stderr")
+
+
+def _ms(value: float) -> str:
+    return f"{value * 1e3:.2f}"
+
+
+def _money(value: float | None) -> str:
+    return "—" if value is None else f"{value:,.4f}" if value < 10 else f"{value:,.2f}"
+
+
+def table(plans: list[ProfilePlan], qps: float) -> str:
+    head = ["profile", "replicas", "policy", "p50 ms", "p99 ms", "util", "gw workers", "$/hour", "$/1M req"]
+    lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
+    for plan in plans:
+        p, best = plan.profile, plan.best
+        name = p.name + (" (derived)" if p.derived_from else "")
+        if best is None:
+            lines.append(f"| {name} | none ≤ max | — | — | — | — | {plan.gateway_workers} | — | — |")
+            continue
+        hourly = None if p.cost_per_hour is None else best.replicas * p.cost_per_hour
+        r = best.result
+        lines.append(f"| {name} | {best.replicas} | {best.policy} | {_ms(r.p('p50'))} | {_ms(r.p('p99'))} | "
+                     f"{r.utilisation:.2f} | {plan.gateway_workers} | {_money(hourly)} | "
+                     f"{_money(plan.cost_per_million(qps))} |")
+    return "\n".join(lines)
+
+
+def policy_table(plan: ProfilePlan) -> str:
+    lines = ["| policy | replicas | p50 ms | p99 ms | p99.9 ms | errors | holds |", "|---|---|---|---|---|---|---|"]
+    for t in plan.policies:
+        r = t.result
+        lines.append(f"| {t.policy} | {t.replicas} | {_ms(r.p('p50'))} | {_ms(r.p('p99'))} | {_ms(r.p('p99.9'))} | "
+                     f"{r.error_count} | {'yes' if t.holds else 'no'} |")
+    return "\n".join(lines)
+
+
+def plan_json(plans: list[ProfilePlan], config: PlanConfig, weights: dict[str, int]) -> dict[str, Any]:
+    def trial(t: Any) -> dict[str, Any]:
+        return {"replicas": t.replicas, "policy": t.policy, "holds": t.holds, **t.result.to_json()}
+
+    return {
+        "qps": config.qps, "slo_p99_ms": config.slo_p99_s * 1e3, "policies": list(config.policies),
+        "requests_per_run": config.requests, "seed": config.seed, "faults": [str(f) for f in config.faults],
+        "weights": weights,
+        "profiles": [{
+            "name": p.profile.name, "derived_from": p.profile.derived_from, "measured_at": p.profile.measured_at,
+            "cost_per_hour": p.profile.cost_per_hour, "gateway_workers": p.gateway_workers,
+            "best": trial(p.best) if p.best else None,
+            "cost_per_million_requests": p.cost_per_million(config.qps),
+            "policies_at_best_size": [trial(t) for t in p.policies],
+            "trials": [trial(t) for t in p.trials],
+        } for p in plans],
+    }
+
+
+def run(args: argparse.Namespace) -> int:
+    if args.cost_per_hour and len(args.cost_per_hour) != len(args.profile):
+        raise ValueError(f"give one --cost-per-hour per --profile ({len(args.profile)}), got {len(args.cost_per_hour)}")
+    costs = args.cost_per_hour or [None] * len(args.profile)
+    profiles = [Profile.load(path).with_cost(cost) for path, cost in zip(args.profile, costs, strict=True)]
+    config = PlanConfig(
+        qps=args.qps, slo_p99_s=args.slo_p99_ms / 1000, policies=args.policies, requests=args.requests,
+        instances=args.instances, gateway_workers=args.gateway_workers, faults=tuple(args.fault),
+        batcher=BatcherConfig(max_batch=args.max_batch, max_delay_s=args.max_delay_ms / 1000),
+        max_replicas=args.max_replicas, seed=args.seed,
+    )
+
+    def say(line: str) -> None:
+        if not args.quiet:
+            print(line, file=sys.stderr, flush=True)
+
+    planner = Planner(config, progress=say)
+    plans = [planner.plan(p) for p in profiles]
+    weights = derived_weights(plans, config.qps) if len(plans) > 1 else {}
+    print(f"Smallest fleet for {config.qps:g} req/s at p99 <= {args.slo_p99_ms:g} ms "
+          f"({config.requests} simulated requests per run, seed {config.seed}):\n")
+    print(table(plans, config.qps))
+    for plan in plans:
+        if plan.best is not None:
+            print(f"\n{plan.profile.name}: every policy at {plan.best.replicas} replicas\n")
+            print(policy_table(plan))
+        if plan.profile.derived_from:
+            print(f"\n{plan.profile.name} is derived, not measured: {plan.profile.derived_from}")
+    if weights:
+        print("\nweights for a weighted front end (per replica): "
+              + ", ".join(f"{name}={w}" for name, w in weights.items()))
+    if args.out:
+        args.out.parent.mkdir(parents=True, exist_ok=True)
+        args.out.write_text(json.dumps(plan_json(plans, config, weights), indent=1) + "\n")
+        print(f"\nplan written to {args.out}")
+    if args.plot:
+        from fleetserve.sim.plot import latency_curves, plot_curves
+
+        for plan in plans:
+            if plan.best is not None:
+                curves = latency_curves(planner, plan, max(1000, config.requests // 3), progress=say)
+                print(f"plot written to {plot_curves(plan, curves, config.slo_p99_s, args.plot)}")
+    return 0

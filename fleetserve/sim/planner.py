@@ -1,0 +1,173 @@
+"""The capacity planner: the smallest fleet of each profile that holds a p99 SLO at a given load.
+
+For each profile: a lower bound from the engine's best throughput (full batches of the mix's mean length,
+every instance busy: no fleet smaller than ``qps / that`` can keep up), then doubling until a simulated run
+with the default policy holds the SLO, then a binary search between the last size that failed and the first
+that held (p99 falls as replicas are added). At that size every candidate policy is simulated; a policy that
+still holds one replica smaller wins outright, otherwise the lowest p99 wins. A run *holds* when its p99 is
+within the SLO, the answers it gave inside the arrival window come within 2% of the load offered, and at most
+``max_error_rate`` of requests failed. Every run is a full simulation with the same seed, so the answer is reproducible.
+
+Weights for a weighted front end over a mixed fleet are each profile's sustainable load per replica at the
+SLO (``qps / replicas``), in lowest integer terms at a 10% resolution (Envoy's and NGINX's weights are
+integers).
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable
+from dataclasses import dataclass, field, replace
+
+from fleetserve.batching.config import BatcherConfig
+from fleetserve.sim.arrivals import ArrivalConfig
+from fleetserve.sim.config import ReplicaGroup, SimConfig
+from fleetserve.sim.faults import Fault
+from fleetserve.sim.gateway import DEFAULT_POLICY, BalancerConfig
+from fleetserve.sim.profile import Profile
+from fleetserve.sim.results import SimResult
+from fleetserve.sim.simulator import simulate
+
+DEFAULT_POLICIES = ("round-robin", "least-pending", "p2c-peak-ewma")
+GATEWAY_TARGET_UTILISATION = 0.5
+
+
+@dataclass(frozen=True)
+class PlanConfig:
+    qps: float
+    slo_p99_s: float
+    policies: tuple[str, ...] = DEFAULT_POLICIES
+    requests: int = 60_000
+    warmup_s: float = 1.0
+    max_error_rate: float = 0.001
+    max_replicas: int = 5_000
+    instances: int = 1
+    gateway_workers: int | None = None  # None: enough for GATEWAY_TARGET_UTILISATION
+    batcher: BatcherConfig = field(default_factory=BatcherConfig)
+    faults: tuple[Fault, ...] = ()
+    replica_cores: float | None = None
+    seed: int = 0
+
+    def __post_init__(self) -> None:
+        if not self.qps > 0 or not self.slo_p99_s > 0:
+            raise ValueError("plan needs qps > 0 and an SLO > 0")
+        if not self.policies:
+            raise ValueError("plan needs at least one policy")
+        for name in self.policies:
+            BalancerConfig(policy=name)
+        if not 0 <= self.max_error_rate < 1 or self.max_replicas < 1 or self.requests < 1000:
+            raise ValueError("plan needs 0 <= max_error_rate < 1, max_replicas >= 1 and requests >= 1000")
+
+
+@dataclass(frozen=True)
+class Trial:
+    replicas: int
+    policy: str
+    result: SimResult
+    holds: bool
+
+
+@dataclass(frozen=True)
+class ProfilePlan:
+    profile: Profile
+    best: Trial | None  # None: no fleet up to max_replicas held the SLO
+    policies: tuple[Trial, ...]  # every policy at the chosen size
+    trials: tuple[Trial, ...]  # every run, in order
+    gateway_workers: int
+
+    def cost_per_million(self, qps: float) -> float | None:
+        cost = self.profile.cost_per_hour
+        if self.best is None or cost is None:
+            return None
+        return self.best.replicas * cost / (qps * 3600.0) * 1e6
+
+
+def gateway_workers(profile: Profile, qps: float) -> int:
+    return max(1, math.ceil(qps * profile.gateway_cpu_s / GATEWAY_TARGET_UTILISATION))
+
+
+def replica_capacity(profile: Profile, batcher: BatcherConfig, instances: int) -> float:
+    """Requests/s one replica could answer at best: full batches of the mix's mean length, all instances busy."""
+    rows = min(batcher.max_batch, profile.max_batch)
+    mean, _ = profile.timing(rows, max(1, round(profile.lengths.mean())))
+    parallel = instances if profile.device == "cpu" else min(instances, profile.device_capacity)
+    return parallel * rows / mean
+
+
+def holds(result: SimResult, config: PlanConfig) -> bool:
+    answered = result.ok + result.error_count
+    return (
+        result.p("p99") <= config.slo_p99_s
+        and result.goodput_rps >= 0.98 * result.offered_rps
+        and result.error_count <= config.max_error_rate * max(1, answered)
+    )
+
+
+class Planner:
+    def __init__(self, config: PlanConfig, *, progress: Callable[[str], None] = lambda _: None) -> None:
+        self.config = config
+        self._progress = progress
+
+    def sim_config(self, profile: Profile, replicas: int, policy: str, *, qps: float | None = None,
+                   requests: int | None = None) -> SimConfig:
+        cfg = self.config
+        return SimConfig(
+            groups=(ReplicaGroup(profile, replicas, instances=cfg.instances),),
+            arrivals=ArrivalConfig("poisson", rate=qps or cfg.qps), requests=requests or cfg.requests,
+            warmup_s=cfg.warmup_s, balancer=BalancerConfig(policy=policy),
+            batcher=replace(cfg.batcher, max_batch=min(cfg.batcher.max_batch, profile.max_batch)),
+            gateway_workers=cfg.gateway_workers or gateway_workers(profile, cfg.qps), faults=cfg.faults,
+            replica_cores=cfg.replica_cores, seed=cfg.seed,
+        )
+
+    def trial(self, profile: Profile, replicas: int, policy: str) -> Trial:
+        result = simulate(self.sim_config(profile, replicas, policy))
+        trial = Trial(replicas, policy, result, holds(result, self.config))
+        self._progress(f"{profile.name}: {replicas} replicas, {policy}: p99 {result.p('p99') * 1e3:.2f} ms, "
+                       f"{result.throughput_rps:.0f}/{result.offered_rps:.0f} req/s, "
+                       f"{'holds' if trial.holds else 'misses'} the SLO")
+        return trial
+
+    def plan(self, profile: Profile) -> ProfilePlan:
+        cfg = self.config
+        default = DEFAULT_POLICY if DEFAULT_POLICY in cfg.policies else cfg.policies[0]
+        trials: list[Trial] = []
+        workers = self.sim_config(profile, 1, default).gateway_workers
+
+        def run(n: int, policy: str = default) -> Trial:
+            trials.append(self.trial(profile, n, policy))
+            return trials[-1]
+
+        low = max(1, math.floor(cfg.qps / replica_capacity(profile, cfg.batcher, cfg.instances)))
+        failed, n = low - 1, low
+        while not run(n).holds:
+            failed = n
+            if n >= cfg.max_replicas:
+                return ProfilePlan(profile, None, (), tuple(trials), workers)
+            n = min(cfg.max_replicas, n * 2)
+        held = n
+        while held - failed > 1:
+            mid = (held + failed) // 2
+            if run(mid).holds:
+                held = mid
+            else:
+                failed = mid
+        at_size = [next(t for t in reversed(trials) if t.replicas == held and t.policy == default)]
+        at_size += [run(held, p) for p in cfg.policies if p != default]
+        candidates = [t for t in at_size if t.holds]
+        if held > 1:
+            smaller = [t for t in (run(held - 1, p.policy) for p in candidates if p.policy != default) if t.holds]
+            candidates = smaller or candidates
+        best = min(candidates, key=lambda t: (t.replicas, t.result.p("p99")))
+        return ProfilePlan(profile, best, tuple(at_size), tuple(trials), workers)
+
+
+def derived_weights(plans: list[ProfilePlan], qps: float) -> dict[str, int]:
+    """Integer gateway weights ∝ each profile's sustainable requests/s per replica at the SLO."""
+    rates = {p.profile.name: qps / p.best.replicas for p in plans if p.best is not None}
+    if not rates:
+        return {}
+    low = min(rates.values())
+    raw = {name: max(1, round(10 * r / low)) for name, r in rates.items()}
+    divisor = math.gcd(*raw.values())
+    return {name: w // divisor for name, w in raw.items()}

@@ -1,0 +1,238 @@
+"""Engine profiles: what one replica's engine costs, measured once, read by the simulator and the planner.
+
+A profile holds the service time of one batch per (batch size, padded sequence length) — mean, standard
+deviation and quantiles over repeated runs of one engine instance — plus what else a replica costs: CPU
+per request on the replica (HTTP, JSON, tokenizer, batching) and on the gateway, the time from process
+start to ready (cold start), how much concurrent work the device overlaps (``device_capacity``: 1.0 for a
+CPU instance that owns its cores; a GPU runs several instances' kernels partly side by side), and the
+tokenized length mix of the benchmark workload. ``fleetserve profile`` writes it (:mod:`fleetserve.sim.profiler`);
+``derived_from`` marks a profile whose numbers were transcribed from a recorded benchmark rather than
+measured by that command. The JSON format is versioned by ``format``.
+
+Service time between measured points is interpolated linearly in batch size and in sequence length (an
+engine's cost is close to linear in both between neighbouring shapes); a batch is drawn from a lognormal
+with the interpolated mean and coefficient of variation (service times are positive and right-skewed).
+"""
+
+from __future__ import annotations
+
+import bisect
+import json
+import math
+import random
+from dataclasses import asdict, dataclass, field, replace
+from pathlib import Path
+from typing import Any
+
+FORMAT = "fleetserve-profile/1"
+
+
+@dataclass(frozen=True)
+class ShapeTiming:
+    """Service time of one batch shape over ``n`` runs, in seconds."""
+
+    mean_s: float
+    std_s: float
+    p50_s: float
+    p99_s: float
+    n: int
+
+    def __post_init__(self) -> None:
+        if not (self.mean_s > 0 and self.std_s >= 0 and self.n >= 1):
+            raise ValueError(f"shape timing needs mean_s > 0, std_s >= 0, n >= 1, got {self}")
+
+
+@dataclass(frozen=True)
+class LengthMix:
+    """Token counts per request (with [CLS]/[SEP], after truncation) and their relative weights."""
+
+    values: tuple[int, ...]
+    weights: tuple[float, ...]
+
+    def __post_init__(self) -> None:
+        if not self.values or len(self.values) != len(self.weights):
+            raise ValueError("a length mix needs as many weights as values, at least one")
+        if min(self.values) < 1 or min(self.weights) < 0 or sum(self.weights) <= 0:
+            raise ValueError("length mix values must be >= 1 and weights >= 0 with a positive sum")
+
+    @classmethod
+    def fixed(cls, tokens: int) -> LengthMix:
+        return cls((tokens,), (1.0,))
+
+    @classmethod
+    def from_samples(cls, samples: list[int]) -> LengthMix:
+        counts: dict[int, int] = {}
+        for s in samples:
+            counts[s] = counts.get(s, 0) + 1
+        values = tuple(sorted(counts))
+        return cls(values, tuple(float(counts[v]) for v in values))
+
+    def mean(self) -> float:
+        return sum(v * w for v, w in zip(self.values, self.weights, strict=True)) / sum(self.weights)
+
+    def sampler(self, rng: random.Random) -> LengthSampler:
+        return LengthSampler(self, rng)
+
+
+class LengthSampler:
+    """Draws token counts from a :class:`LengthMix` (inverse CDF over the cumulative weights)."""
+
+    __slots__ = ("_cum", "_random", "_total", "_values")
+
+    def __init__(self, mix: LengthMix, rng: random.Random) -> None:
+        self._values = mix.values
+        total, cum = 0.0, []
+        for w in mix.weights:
+            total += w
+            cum.append(total)
+        self._cum = cum
+        self._total = total
+        self._random = rng.random
+
+    def __call__(self) -> int:
+        return self._values[bisect.bisect_right(self._cum, self._random() * self._total)]
+
+
+@dataclass(frozen=True)
+class Profile:
+    model: str
+    precision: str
+    backend: str
+    device: str  # "cpu" or "cuda"
+    device_name: str  # e.g. "AMD EPYC, 2 cores" or "NVIDIA H200"
+    batch_sizes: tuple[int, ...]
+    seq_lengths: tuple[int, ...]
+    service: tuple[tuple[ShapeTiming, ...], ...]  # [batch index][seq index]
+    threads: int = 1  # intra-op threads per instance during the measurement (cores it demands)
+    device_capacity: float = 1.0  # instances' worth of work the device runs at once at full speed
+    replica_cpu_s: float = 0.0  # per request, outside the engine
+    gateway_cpu_s: float = 0.0  # per request
+    cold_start_s: float | None = None  # process start to ready; None: not measured
+    lengths: LengthMix = field(default_factory=lambda: LengthMix.fixed(32))
+    seq_buckets: tuple[int, ...] = (16, 32, 64, 128, 256, 512)
+    pad_to_bucket: bool = False  # True: the engine runs the bucket's shape (CUDA graphs), not the longest row
+    cost_per_hour: float | None = None
+    measured_at: str = ""
+    command: str = ""
+    derived_from: str | None = None
+    notes: tuple[str, ...] = ()
+    name: str = ""  # a short label for tables; defaults to model/precision/device
+
+    def __post_init__(self) -> None:
+        if not self.batch_sizes or list(self.batch_sizes) != sorted(set(self.batch_sizes)) or self.batch_sizes[0] < 1:
+            raise ValueError(f"profile batch_sizes must be increasing positive integers, got {self.batch_sizes}")
+        if not self.seq_lengths or list(self.seq_lengths) != sorted(set(self.seq_lengths)):
+            raise ValueError(f"profile seq_lengths must be increasing, got {self.seq_lengths}")
+        if len(self.service) != len(self.batch_sizes) or any(len(r) != len(self.seq_lengths) for r in self.service):
+            raise ValueError("profile service table must have one row per batch size and one column per length")
+        if self.threads < 1 or self.device_capacity <= 0:
+            raise ValueError("profile threads must be >= 1 and device_capacity > 0")
+        if self.replica_cpu_s < 0 or self.gateway_cpu_s < 0:
+            raise ValueError("profile CPU costs must be >= 0")
+        if self.cost_per_hour is not None and self.cost_per_hour < 0:
+            raise ValueError(f"cost_per_hour must be >= 0, got {self.cost_per_hour}")
+        if not self.name:
+            object.__setattr__(self, "name", f"{self.model}/{self.precision}/{self.device_name or self.device}")
+
+    @property
+    def max_batch(self) -> int:
+        return self.batch_sizes[-1]
+
+    @property
+    def max_seq(self) -> int:
+        return self.seq_lengths[-1]
+
+    def timing(self, rows: int, seq: int) -> tuple[float, float]:
+        """Interpolated (mean seconds, coefficient of variation) of a batch of ``rows`` padded to ``seq``."""
+        bi, bw = _bracket(self.batch_sizes, rows)
+        si, sw = _bracket(self.seq_lengths, seq)
+        mean = cv = 0.0
+        for i, wi in ((bi, 1.0 - bw), (bi + 1, bw)):
+            for j, wj in ((si, 1.0 - sw), (si + 1, sw)):
+                w = wi * wj
+                if w:
+                    t = self.service[i][j]
+                    mean += w * t.mean_s
+                    cv += w * t.std_s / t.mean_s
+        return mean, cv
+
+    def with_cost(self, cost_per_hour: float | None) -> Profile:
+        return self if cost_per_hour is None else replace(self, cost_per_hour=cost_per_hour)
+
+    def to_json(self) -> dict[str, Any]:
+        data = asdict(self)
+        data["lengths"] = {"values": list(self.lengths.values), "weights": list(self.lengths.weights)}
+        return {"format": FORMAT, **data}
+
+    @classmethod
+    def from_json(cls, data: dict[str, Any]) -> Profile:
+        if data.get("format") != FORMAT:
+            raise ValueError(f"not a fleetserve profile (format {data.get('format')!r}, expected {FORMAT!r})")
+        fields = {k: v for k, v in data.items() if k != "format"}
+        try:
+            fields["service"] = tuple(tuple(ShapeTiming(**t) for t in row) for row in fields["service"])
+            fields["lengths"] = LengthMix(tuple(fields["lengths"]["values"]), tuple(fields["lengths"]["weights"]))
+            for key in ("batch_sizes", "seq_lengths", "seq_buckets", "notes"):
+                if key in fields:
+                    fields[key] = tuple(fields[key])
+            return cls(**fields)
+        except (KeyError, TypeError) as exc:
+            raise ValueError(f"malformed profile: {exc}") from None
+
+    def save(self, path: Path) -> None:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(json.dumps(self.to_json(), indent=1) + "\n")
+
+    @classmethod
+    def load(cls, path: Path) -> Profile:
+        try:
+            data = json.loads(Path(path).read_text())
+        except OSError as exc:
+            raise ValueError(f"cannot read profile {path}: {exc.strerror}") from None
+        except json.JSONDecodeError as exc:
+            raise ValueError(f"profile {path} is not JSON: {exc}") from None
+        if not isinstance(data, dict):
+            raise ValueError(f"profile {path} must hold a JSON object")
+        try:
+            return cls.from_json(data)
+        except ValueError as exc:
+            raise ValueError(f"profile {path}: {exc}") from None
+
+
+def _bracket(points: tuple[int, ...], x: float) -> tuple[int, float]:
+    """Index i and weight w so that x ≈ (1 - w)·points[i] + w·points[i+1]; clamped to the grid's ends
+    except above the last point, where the last interval is extended (cost keeps growing with size)."""
+    if len(points) == 1:
+        return 0, 0.0
+    i = bisect.bisect_right(points, x) - 1
+    i = min(max(i, 0), len(points) - 2)
+    lo, hi = points[i], points[i + 1]
+    return i, max(0.0, (x - lo) / (hi - lo))
+
+
+class ServiceSampler:
+    """Draws batch service times from a profile: lognormal with the interpolated mean and CV, cached per shape."""
+
+    __slots__ = ("_cache", "_lognorm", "_profile", "_scale")
+
+    def __init__(self, profile: Profile, rng: random.Random, *, scale: float = 1.0) -> None:
+        self._profile = profile
+        self._lognorm = rng.lognormvariate
+        self._cache: dict[tuple[int, int], tuple[float, float, float]] = {}
+        self._scale = scale
+
+    def params(self, rows: int, seq: int) -> tuple[float, float, float]:
+        """(mean, mu, sigma) of the lognormal for this shape."""
+        key = (rows, seq)
+        got = self._cache.get(key)
+        if got is None:
+            mean, cv = self._profile.timing(rows, seq)
+            mean *= self._scale
+            sigma2 = math.log1p(cv * cv)
+            got = (mean, math.log(mean) - sigma2 / 2, math.sqrt(sigma2))
+            self._cache[key] = got
+        return got
+
+    def __call__(self, rows: int, seq: int) -> float:
+        mean, mu, sigma = self.params(rows, seq)
+        return self._lognorm(mu, sigma) if sigma > 0 else mean

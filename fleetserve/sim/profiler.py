@@ -1,0 +1,148 @@
+"""``fleetserve profile``'s measurements: one engine instance's service time per (batch size, sequence length).
+
+Method: the engine is built (or found in the cache) exactly as ``fleetserve serve`` would, loaded with
+``threads`` intra-op threads, and each shape runs on one instance with token ids drawn like the load
+generator's (``[CLS] ids… [SEP]``, attention mask of ones): ``warmup`` untimed calls, then up to ``repeats``
+timed calls or until ``budget_s`` of timed calls have passed (at least ``min_repeats``). Shapes are the
+engine's batch buckets up to ``max_batch`` × sequence lengths from 16 to ``max_seq`` (doubling). Each call is
+timed with ``perf_counter`` around ``infer`` (the same span the batcher's compute metric measures, minus
+padding and splitting). On a GPU, ``device_capacity`` comes from running 1, 2 and 4 instances at once on one
+mid-sized shape: the best aggregate throughput over one instance's.
+
+The request mix is the load generator's ``texts`` workload tokenized by the model's own tokenizer (truncated
+at ``max_seq``), so simulated batches pad to the lengths real ones do. Per-request CPU costs of the replica
+and the gateway come from :mod:`fleetserve.sim.costs`.
+"""
+
+from __future__ import annotations
+
+import concurrent.futures
+import functools
+import random
+import statistics
+import time
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+
+import numpy as np
+
+from fleetserve.bench.workloads import WorkloadConfig, make_payloads, token_ids
+from fleetserve.sim.profile import LengthMix, ShapeTiming
+
+MIN_SEQ = 16
+
+
+@dataclass(frozen=True)
+class ProfileConfig:
+    repeats: int = 20
+    min_repeats: int = 3
+    warmup: int = 2
+    budget_s: float = 2.0  # timed seconds per shape (beyond min_repeats)
+    batch_sizes: tuple[int, ...] = ()  # empty: the engine's batch buckets
+    seq_lengths: tuple[int, ...] = ()  # empty: 16, 32, ... up to max_seq
+    mix_texts: int = 2000
+    seed: int = 0
+
+    def __post_init__(self) -> None:
+        if not 1 <= self.min_repeats <= self.repeats:
+            raise ValueError("profile needs 1 <= min_repeats <= repeats")
+        if self.warmup < 0 or self.budget_s <= 0 or self.mix_texts < 1:
+            raise ValueError("profile warmup must be >= 0, budget_s > 0 and mix_texts >= 1")
+        if any(b < 1 for b in self.batch_sizes) or any(s < 2 for s in self.seq_lengths):
+            raise ValueError("profile batch sizes must be >= 1 and sequence lengths >= 2")
+
+
+def default_seq_lengths(max_seq: int) -> tuple[int, ...]:
+    lengths, s = [], MIN_SEQ
+    while s < max_seq:
+        lengths.append(s)
+        s *= 2
+    return (*lengths, max_seq)
+
+
+Inputs = Mapping[str, tuple[str, int | None]]  # input name -> (numpy dtype, exclusive upper bound of values)
+
+
+def feeds(inputs: Inputs, rows: int, seq: int, rng: random.Random) -> dict[str, np.ndarray]:
+    """Inputs of ``rows`` × ``seq`` for an encoder: token ids like the load generator's, a full mask."""
+    out: dict[str, np.ndarray] = {}
+    for name, (dtype, limit) in inputs.items():
+        if name == "input_ids":
+            ids = token_ids(rng, seq, rows)
+            out[name] = (ids % limit if limit else ids).astype(dtype)
+        elif name == "attention_mask":
+            out[name] = np.ones((rows, seq), dtype=dtype)
+        else:
+            out[name] = np.zeros((rows, seq), dtype=dtype)
+    return out
+
+
+def time_calls(call: Callable[[], object], config: ProfileConfig, clock: Callable[[], float] = time.perf_counter,
+               ) -> ShapeTiming:
+    for _ in range(config.warmup):
+        call()
+    samples: list[float] = []
+    spent = 0.0
+    while len(samples) < config.repeats and (len(samples) < config.min_repeats or spent < config.budget_s):
+        t0 = clock()
+        call()
+        dt = clock() - t0
+        samples.append(dt)
+        spent += dt
+    return timing_of(samples)
+
+
+def timing_of(samples: list[float]) -> ShapeTiming:
+    ordered = sorted(samples)
+    p99 = ordered[min(len(ordered) - 1, round(0.99 * (len(ordered) - 1)))]
+    std = statistics.stdev(samples) if len(samples) > 1 else 0.0
+    return ShapeTiming(statistics.fmean(samples), std, statistics.median(samples), p99, len(samples))
+
+
+def measure_grid(
+    instance_infer: Callable[[dict[str, np.ndarray]], object], inputs: Inputs,
+    batch_sizes: tuple[int, ...], seq_lengths: tuple[int, ...], config: ProfileConfig,
+    progress: Callable[[str], None] = lambda _: None,
+) -> tuple[tuple[ShapeTiming, ...], ...]:
+    rng = random.Random(config.seed)
+    rows: list[tuple[ShapeTiming, ...]] = []
+    for b in batch_sizes:
+        row = []
+        for s in seq_lengths:
+            feed = feeds(inputs, b, s, rng)
+            timing = time_calls(functools.partial(instance_infer, feed), config)
+            progress(f"batch {b:>4} seq {s:>4}: mean {timing.mean_s * 1e3:8.3f} ms  std {timing.std_s * 1e3:7.3f} ms"
+                     f"  ({timing.n} runs)")
+            row.append(timing)
+        rows.append(tuple(row))
+    return tuple(rows)
+
+
+def measure_capacity(make_infer: Callable[[], Callable[[dict[str, np.ndarray]], object]],
+                     feed: dict[str, np.ndarray], config: ProfileConfig, counts: tuple[int, ...] = (1, 2, 4)) -> float:
+    """Aggregate throughput of k instances running at once, over one instance's, at the best k."""
+    rates: dict[int, float] = {}
+    for k in counts:
+        infers = [make_infer() for _ in range(k)]
+        for infer in infers:
+            infer(feed)
+        calls = max(config.min_repeats, config.repeats // 2)
+
+        def repeat(infer: Callable[[dict[str, np.ndarray]], object], n: int = calls) -> None:
+            for _ in range(n):
+                infer(feed)
+
+        with concurrent.futures.ThreadPoolExecutor(k) as pool:
+            t0 = time.perf_counter()
+            list(pool.map(repeat, infers))
+            rates[k] = k * calls / (time.perf_counter() - t0)
+    return max(rates.values()) / rates[counts[0]]
+
+
+def length_mix(tokenize: Callable[[list[str]], list[int]], config: ProfileConfig) -> LengthMix:
+    """Token counts of the load generator's ``texts`` workload under the model's tokenizer."""
+    import json
+
+    payloads = make_payloads(WorkloadConfig(name="texts", pool_size=config.mix_texts), random.Random(config.seed))
+    texts = [json.loads(p.body)["texts"][0] for p in payloads]
+    return LengthMix.from_samples(tokenize(texts))

@@ -1,0 +1,172 @@
+"""A simulated replica: its event loop, the product's own batch collator, and engine instances.
+
+A request first costs the replica's event loop ``replica_cpu_s`` (HTTP, JSON, tokenizer) on a FIFO server,
+then joins the real :class:`~fleetserve.batching.collator.Collator`, which decides exactly as in the replica
+process which requests form the next batch and when (sequence buckets, ``max_delay_s``, preferred sizes,
+queue bound). A batch runs on a free engine instance for a service time drawn from the profile for its rows
+and padded length (the longest request, or the bucket for engines that run fixed shapes), scaled by a
+slow-GPU factor when one is injected. A full queue answers 503 at once, like ``Batcher.submit``.
+
+Lifecycle: ``ready`` → (crash) ``down`` → (restart + cold start) ``ready``; new replicas start in
+``starting``. A crash drops everything in hand (the gateway sees resets) and refuses connections until the
+restarted process is ready again.
+"""
+
+from __future__ import annotations
+
+import bisect
+import random
+from collections.abc import Callable
+
+from fleetserve.batching.collator import Batch, Collator
+from fleetserve.batching.config import BatcherConfig
+from fleetserve.errors import Overloaded
+from fleetserve.sim.events import EventLoop
+from fleetserve.sim.host import Host, Server
+from fleetserve.sim.profile import Profile, ServiceSampler
+from fleetserve.sim.request import EXPIRED, OK, OVERLOADED, RESET, Request
+
+STARTING, READY, DOWN = "starting", "ready", "down"
+
+Reply = Callable[[Request, int, "SimReplica"], None]
+
+
+class SimReplica:
+    def __init__(
+        self, loop: EventLoop, name: str, profile: Profile, batcher: BatcherConfig, *, instances: int,
+        cpu_host: Host, device_host: Host, rng: random.Random, reply: Reply, weight: int = 1,
+    ) -> None:
+        self.loop = loop
+        self.name = name
+        self.profile = profile
+        self.weight = weight
+        self._batcher = batcher
+        self._reply = reply
+        self._buckets = tuple(b for b in profile.seq_buckets if b <= profile.max_seq) or (profile.max_seq,)
+        self._sample = ServiceSampler(profile, rng)
+        self.event_loop = Server(loop, cpu_host, name=f"{name}/loop")
+        self.instances = [
+            Server(loop, device_host, demand=profile.threads, name=f"{name}/engine{i}") for i in range(instances)
+        ]
+        self._idle = list(self.instances)
+        self._collator: Collator[Request] = Collator(batcher)
+        self._cpu_s = profile.replica_cpu_s
+        self._timeout_s = batcher.default_timeout_s
+        self._wake_token = 0
+        self._wake_at: float | None = None
+        self.state = READY
+        self.slow_factor = 1.0
+        self.inflight_rows = 0
+        self.batches = 0
+        self.batched_rows = 0
+
+    @property
+    def servers(self) -> list[Server]:
+        return [self.event_loop, *self.instances]
+
+    @property
+    def queue_depth(self) -> int:
+        return self._collator.queued_rows
+
+    def accepts(self) -> bool:
+        """Whether a connection would be accepted (a process is listening)."""
+        return self.state == READY
+
+    def receive(self, request: Request) -> None:
+        """A request arrived over an accepted connection."""
+        if self._cpu_s:
+            self.event_loop.submit(self._cpu_s, self._decoded, request)
+        else:
+            self._decoded(request)
+
+    def _decoded(self, request: Request) -> None:
+        if self.state != READY:
+            return
+        tokens = min(request.tokens, self.profile.max_seq)
+        bucket = self._buckets[min(bisect.bisect_left(self._buckets, tokens), len(self._buckets) - 1)]
+        try:
+            now = self.loop.now
+            deadline = None if self._timeout_s is None else now + self._timeout_s
+            self._collator.push(request, rows=request.rows, bucket=bucket, priority=0, now=now, deadline=deadline)
+        except Overloaded:
+            self._reply(request, OVERLOADED, self)
+            return
+        self._poll()
+
+    def _poll(self, _: object = None) -> None:
+        """Ask the collator for work, as the batcher's scheduler does when something changed.
+
+        Without queue deadlines a poll can only start a batch, so none is made while the queue is empty
+        or no instance is free (a freed instance polls again): the decisions are those of polling always.
+        """
+        now = self.loop.now
+        collator = self._collator
+        while True:
+            if self._timeout_s is None and (not self._idle or not collator.queued_requests):
+                return
+            decision = collator.poll(now, can_dispatch=bool(self._idle))
+            for entry in decision.expired:
+                self._reply(entry.payload, EXPIRED, self)
+            if decision.batch is None:
+                break
+            self._dispatch(decision.batch)
+        wake = decision.wake_at
+        if wake is not None and wake > now and (self._wake_at is None or wake < self._wake_at or self._wake_at <= now):
+            self._wake_at = wake
+            self._wake_token += 1
+            self.loop.schedule(wake, self._on_wake, self._wake_token)
+
+    def _on_wake(self, token: int) -> None:
+        if token == self._wake_token and self.state == READY:
+            self._wake_at = None
+            self._poll()
+
+    def _dispatch(self, batch: Batch[Request]) -> None:
+        instance = self._idle.pop()
+        requests = [e.payload for e in batch.entries]
+        rows = batch.rows
+        seq = batch.seq if self.profile.pad_to_bucket else min(max(r.tokens for r in requests), batch.seq)
+        self.inflight_rows += rows
+        self.batches += 1
+        self.batched_rows += rows
+        instance.submit(self._sample(rows, seq) * self.slow_factor, self._ran, (instance, requests, rows))
+
+    def _ran(self, job: tuple[Server, list[Request], int]) -> None:
+        instance, requests, rows = job
+        self.inflight_rows -= rows
+        self._idle.append(instance)
+        for request in requests:
+            self._reply(request, OK, self)
+        self._poll()
+
+    def crash(self) -> list[Request]:
+        """The process dies: every request in hand is lost (returned, to be answered with resets)."""
+        self.state = DOWN
+        lost: list[Request] = []
+        for server in self.servers:
+            for item in server.abort():
+                lost.extend(item[1] if isinstance(item, tuple) else [item])
+        lost.extend(e.payload for e in self._collator.clear())
+        self._idle = list(self.instances)
+        self.inflight_rows = 0
+        self._wake_at = None
+        self._wake_token += 1
+        self._collator = Collator(self._batcher)
+        for request in lost:
+            self._reply(request, RESET, self)
+        return lost
+
+    def pause(self) -> None:
+        for server in self.servers:
+            server.pause()
+
+    def resume(self) -> None:
+        for server in self.servers:
+            server.resume()
+
+    def utilisation(self, elapsed_s: float) -> float:
+        """Mean busy share of the engine instances over ``elapsed_s``."""
+        if elapsed_s <= 0:
+            return 0.0
+        busy = sum(s.busy_time + (self.loop.now - s.started_at if s.busy else 0.0) for s in self.instances)
+        return busy / (elapsed_s * len(self.instances))
