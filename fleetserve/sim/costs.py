@@ -1,28 +1,29 @@
 """Per-request CPU of a real replica and a real gateway, and a replica's cold start, measured on this machine.
 
-Method, defended: a replica is started as ``fleetserve serve MODEL --threads 1`` on 127.0.0.1 and the time
-from spawning it to its first ``200`` on ``/v2/health/ready`` is the **cold start** (interpreter start, engine
-load from the cache, warm-up of every shape). Then the load generator sends the ``texts`` workload closed
-loop with one request in flight (so every batch holds one request) for ``duration_s``, directly to the
-replica: **replica CPU per request** = (user + system CPU of the replica's process tree over the run − the
-engine time the replica itself reports in ``fleetserve_request_duration_seconds_sum{stage="compute"}``) ÷
-requests sent. With one intra-op thread the engine's CPU time is its wall time, which that metric measures,
-so the difference is everything the replica does besides the engine: HTTP, JSON, tokenizer, batching,
-splitting. Then a gateway (``fleetserve gateway --backend URL``) goes in front and the same load runs through
-it: **gateway CPU per request** = the gateway process tree's CPU ÷ requests sent (health checks included: a
-small, honest overcount). One request in flight is the least favourable case for an event loop (no wake-up is
-shared between requests), so these costs are upper bounds for busier fronts; BENCHMARKS.md §4.3 measures the
-gateway at saturation.
+Method, defended: a replica is started as ``fleetserve serve MODEL --threads 1`` (one instance) on 127.0.0.1 and
+the time from spawning it to its first ``200`` on ``/v2/health/ready`` is the **cold start** (interpreter start,
+engine load from the cache, warm-up of every shape). Then the load generator sends the ``texts`` workload
+closed loop with one request in flight (so every batch holds one request) for ``duration_s``, directly to the
+replica. CPU time is read per thread from ``/proc/PID/task/*/stat`` before and after: with one instance and
+one intra-op thread the engine runs on the batcher's one executor thread, the replica's busiest thread other
+than its main one; **replica CPU per request** = (the process's CPU − that thread's) ÷ requests sent: the event
+loop (HTTP, JSON, tokenizer, batching) and every helper thread. CPU time, not wall time, so a busy machine
+slows the measurement without biasing it much; the engine thread's share includes padding and splitting the
+batch, which the profile's engine timings leave out (small next to the engine call). Then a gateway
+(``fleetserve gateway --backend URL``) goes in front and the same load runs through it: **gateway CPU per
+request** = the gateway process tree's CPU ÷ requests sent (its health checks included: a small, honest
+overcount). One request in flight is the least favourable case for an event loop (no wake-up is shared between
+requests), so both are upper bounds for busier processes; BENCHMARKS.md §4.3 measures the gateway at
+saturation.
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
-import re
+import os
 import sys
 import time
-import urllib.request
 from collections.abc import AsyncIterator
 from dataclasses import dataclass
 
@@ -31,8 +32,6 @@ from fleetserve.bench.scenarios import tree_cpu_seconds
 from fleetserve.deploy.local import free_port
 from fleetserve.errors import FleetserveError
 from fleetserve.fleet.supervisor import http_ok
-
-_COMPUTE = re.compile(r'^fleetserve_request_duration_seconds_sum\{[^}]*stage="compute"[^}]*\}\s+(\S+)', re.MULTILINE)
 
 
 @dataclass(frozen=True)
@@ -54,14 +53,26 @@ class Costs:
     gateway_requests: int
 
 
-def compute_seconds(metrics_text: str) -> float:
-    """Sum of the replica's engine time (``stage="compute"``) from its ``/metrics`` text."""
-    return sum(float(v) for v in _COMPUTE.findall(metrics_text))
+def thread_cpu_seconds(pid: int) -> dict[int, float]:
+    """User + system CPU seconds of each thread of ``pid`` (Linux ``/proc``); threads gone meanwhile are skipped."""
+    tick = os.sysconf("SC_CLK_TCK")
+    out: dict[int, float] = {}
+    for tid in os.listdir(f"/proc/{pid}/task"):
+        try:
+            with open(f"/proc/{pid}/task/{tid}/stat") as f:
+                raw = f.read()
+        except OSError:
+            continue
+        fields = raw[raw.rindex(")") + 2 :].split()
+        out[int(tid)] = (int(fields[11]) + int(fields[12])) / tick
+    return out
 
 
-def _get(url: str) -> str:
-    with urllib.request.urlopen(url, timeout=5) as resp:
-        return str(resp.read().decode())
+def replica_overhead(pid: int, before: dict[int, float], after: dict[int, float]) -> float:
+    """CPU seconds of every thread but the engine's (the busiest one other than the main thread) in between."""
+    spent = {tid: cpu - before.get(tid, 0.0) for tid, cpu in after.items()}
+    engine = max((cpu for tid, cpu in spent.items() if tid != pid), default=0.0)
+    return sum(spent.values()) - engine
 
 
 @contextlib.asynccontextmanager
@@ -106,10 +117,9 @@ async def measure_costs(model: str, serve_args: list[str], config: CostConfig) -
                "--threads", "1", *serve_args]
     async with _process(replica, f"{replica_url}/v2/health/ready", config.ready_timeout_s) as (rpid, cold):
         await _closed_loop(replica_url, model, min(1.0, config.duration_s))  # first-request costs, not counted
-        cpu0, eng0 = tree_cpu_seconds(rpid), compute_seconds(await asyncio.to_thread(_get, f"{replica_url}/metrics"))
+        before = thread_cpu_seconds(rpid)
         sent = await _closed_loop(replica_url, model, config.duration_s)
-        cpu1, eng1 = tree_cpu_seconds(rpid), compute_seconds(await asyncio.to_thread(_get, f"{replica_url}/metrics"))
-        replica_cpu = max(0.0, (cpu1 - cpu0) - (eng1 - eng0)) / sent
+        replica_cpu = replica_overhead(rpid, before, thread_cpu_seconds(rpid)) / sent
         gport = free_port()
         gateway_url = f"http://127.0.0.1:{gport}"
         gateway = [*cli, "gateway", "--backend", replica_url, "--host", "127.0.0.1", "--port", str(gport),

@@ -1,0 +1,158 @@
+"""Simulator validation (issue 15): predicted vs measured throughput and p99 for real local fleets.
+
+For 2 and 4 real ``minilm`` int8 replicas on this machine behind our gateway (``fleetserve up`` machinery,
+:func:`fleetserve.bench.scenarios.run_scenario`, the same harness as ``benchmarks/gateway.py``):
+
+1. the fleet's capacity: closed loop, 32 requests in flight, through the gateway;
+2. open-loop Poisson load at 30%, 60% and 90% of it, and the throttled-replica scenario (replica 0 SIGSTOPped
+   80 ms of every 100 ms) at 60%;
+3. the simulator on the same fleet: the CPU profile (``fleetserve profile minilm --precision int8 --threads 1``,
+   measured first unless ``--profile`` is given; one intra-op thread is what ``fleetserve up`` gives each replica
+   here), every replica's event loop and engine thread, the gateway and the load generator's measured CPU all
+   sharing this machine's cores (``shared_host_cores``), the same policy, health interval, batcher settings,
+   arrival process and warm-up.
+
+It prints both side by side with the relative errors (goal: throughput within 10%, p99 within 15%).
+
+    .venv/bin/python benchmarks/sim_validate.py [--profile P.json] [--replicas 2,4] [--duration 20]
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import os
+import subprocess
+import sys
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+from fleetserve.batching.config import BatcherConfig
+from fleetserve.bench.scenarios import ScenarioConfig, run_scenario
+from fleetserve.sim.arrivals import ArrivalConfig
+from fleetserve.sim.config import ReplicaGroup, SimConfig
+from fleetserve.sim.faults import Fault
+from fleetserve.sim.gateway import BalancerConfig
+from fleetserve.sim.profile import Profile
+from fleetserve.sim.simulator import simulate
+
+MODEL = "minilm"
+REPLICA_ARGS = ("--precision", "int8")
+WARMUP_S = 2.0
+
+
+@dataclass
+class Row:
+    replicas: int
+    scenario: str
+    rate: float
+    measured_rps: float
+    predicted_rps: float
+    measured_p50_ms: float
+    predicted_p50_ms: float
+    measured_p99_ms: float
+    predicted_p99_ms: float
+    errors: int
+
+    def error(self, measured: float, predicted: float) -> float:
+        return (predicted - measured) / measured if measured else float("nan")
+
+    def cells(self) -> list[str]:
+        return [str(self.replicas), self.scenario, f"{self.rate:.0f}", f"{self.measured_rps:.1f}",
+                f"{self.predicted_rps:.1f}", f"{self.error(self.measured_rps, self.predicted_rps):+.1%}",
+                f"{self.measured_p50_ms:.1f}", f"{self.predicted_p50_ms:.1f}", f"{self.measured_p99_ms:.1f}",
+                f"{self.predicted_p99_ms:.1f}", f"{self.error(self.measured_p99_ms, self.predicted_p99_ms):+.1%}",
+                str(self.errors)]
+
+
+HEAD = ["replicas", "scenario", "offered req/s", "measured req/s", "predicted req/s", "error", "measured p50 ms",
+        "predicted p50 ms", "measured p99 ms", "predicted p99 ms", "p99 error", "errors"]
+
+
+def table(rows: list[Row]) -> str:
+    lines = ["| " + " | ".join(HEAD) + " |", "|" + "---|" * len(HEAD)]
+    lines += ["| " + " | ".join(r.cells()) + " |" for r in rows]
+    return "\n".join(lines)
+
+
+def loadavg() -> str:
+    return " ".join(Path("/proc/loadavg").read_text().split()[:3])
+
+
+def measure_profile(path: Path) -> Profile:
+    cmd = [sys.executable, "-m", "fleetserve.cli", "profile", MODEL, *REPLICA_ARGS, "--threads", "1", "--out", str(path)]
+    print(f"-- profiling: {' '.join(cmd[2:])}", flush=True)
+    subprocess.run(cmd, check=True)
+    return Profile.load(path)
+
+
+def predict(profile: Profile, replicas: int, rate: float, duration_s: float, background_cores: float,
+            throttle: bool, seed: int) -> tuple[float, float, float]:
+    config = SimConfig(
+        groups=(ReplicaGroup(profile, replicas),), arrivals=ArrivalConfig("poisson", rate=rate),
+        requests=max(1000, round(rate * (WARMUP_S + duration_s))), warmup_s=WARMUP_S,
+        balancer=BalancerConfig(health_interval_s=1.0), batcher=BatcherConfig(max_batch=32, max_delay_s=0.002),
+        shared_host_cores=float(os.cpu_count() or 1), background_cores=background_cores,
+        faults=(Fault("throttle", indices=(0,), at_s=WARMUP_S),) if throttle else (), seed=seed,
+    )
+    result = simulate(config)
+    return result.throughput_rps, result.p("p50") * 1e3, result.p("p99") * 1e3
+
+
+async def validate(args: argparse.Namespace, profile: Profile) -> list[Row]:
+    rows: list[Row] = []
+    for replicas in args.replicas:
+        def scenario(**kw: object) -> ScenarioConfig:
+            base: dict[str, object] = dict(model=MODEL, replica_args=REPLICA_ARGS, replicas=replicas,
+                                           warmup_s=WARMUP_S, duration_s=args.duration)
+            base.update(kw)
+            return ScenarioConfig(**base)  # type: ignore[arg-type]
+
+        print(f"-- {replicas} replicas: capacity (closed loop, 32 in flight), load average {loadavg()}", flush=True)
+        probe = await run_scenario(scenario(rate=None, concurrency=32, duration_s=args.capacity_duration))
+        capacity = probe.report.achieved_rps
+        generator_cpu_per_request = probe.report.generator_cpu_s / max(1, probe.report.sent)
+        print(f"   capacity {capacity:.0f} req/s; load generator {generator_cpu_per_request * 1e6:.0f} us CPU/request",
+              flush=True)
+        cases = [(f"{share:.0%} load", share, False) for share in args.loads]
+        cases.append((f"throttled, {args.throttle_load:.0%} load", args.throttle_load, True))
+        for name, share, throttle in cases:
+            rate = share * capacity
+            print(f"-- {replicas} replicas, {name}: {rate:.0f} req/s, load average {loadavg()}", flush=True)
+            measured = (await run_scenario(scenario(rate=rate, fault="throttle" if throttle else "none"))).report
+            background = min(rate * generator_cpu_per_request, 0.9 * (os.cpu_count() or 1))
+            rps, p50, p99 = predict(profile, replicas, rate, args.duration, background, throttle, args.seed)
+            row = Row(replicas, name, rate, measured.achieved_rps, rps, measured.percentile(50) * 1e3, p50,
+                      measured.percentile(99) * 1e3, p99, measured.errors)
+            print(table([row]), flush=True)
+            rows.append(row)
+    return rows
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--profile", type=Path, help="a CPU profile to use (default: measure one first)")
+    ap.add_argument("--replicas", type=lambda t: [int(x) for x in t.split(",")], default=[2, 4])
+    ap.add_argument("--loads", type=lambda t: [float(x) for x in t.split(",")], default=[0.3, 0.6, 0.9])
+    ap.add_argument("--throttle-load", type=float, default=0.6)
+    ap.add_argument("--duration", type=float, default=20.0, help="measured seconds per real run")
+    ap.add_argument("--capacity-duration", type=float, default=8.0)
+    ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--out", type=Path, default=Path("out/sim_validate.json"))
+    args = ap.parse_args()
+    args.out.parent.mkdir(parents=True, exist_ok=True)
+    print(f"# simulator validation — {os.cpu_count()} cores, {time.strftime('%Y-%m-%d %H:%M %Z')}, "
+          f"load average {loadavg()}", flush=True)
+    profile = Profile.load(args.profile) if args.profile else measure_profile(args.out.with_name("minilm-int8-cpu.json"))
+    rows = asyncio.run(validate(args, profile))
+    print("\n" + table(rows))
+    worst_rps = max(abs(r.error(r.measured_rps, r.predicted_rps)) for r in rows)
+    worst_p99 = max(abs(r.error(r.measured_p99_ms, r.predicted_p99_ms)) for r in rows)
+    print(f"\nworst throughput error {worst_rps:.1%} (goal <= 10%), worst p99 error {worst_p99:.1%} (goal <= 15%)")
+    args.out.write_text(json.dumps([r.__dict__ for r in rows], indent=1) + "\n")
+
+
+if __name__ == "__main__":
+    main()

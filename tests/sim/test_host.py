@@ -1,0 +1,79 @@
+"""FIFO servers and processor sharing on hosts, on the simulated clock."""
+
+from __future__ import annotations
+
+import pytest
+
+from fleetserve.sim.events import EventLoop
+from fleetserve.sim.host import Host, Server
+
+
+def _finishes(loop: EventLoop, server: Server, works: list[float], at: float = 0.0) -> list[float]:
+    done: list[float] = []
+    for w in works:
+        loop.schedule(at, lambda work: server.submit(work, lambda _: done.append(loop.now)), w)
+    return done
+
+
+def test_a_server_runs_jobs_one_at_a_time_in_order() -> None:
+    loop = EventLoop()
+    server = Server(loop, Host(loop, 4.0))
+    done = _finishes(loop, server, [1.0, 2.0, 0.5])
+    loop.run()
+    assert done == [1.0, 3.0, 3.5]
+    assert server.busy_time == pytest.approx(3.5)
+
+
+def test_two_servers_on_one_core_share_it_equally() -> None:
+    loop = EventLoop()
+    host = Host(loop, 1.0)
+    a, b = Server(loop, host), Server(loop, host)
+    done_a = _finishes(loop, a, [1.0])
+    done_b = _finishes(loop, b, [1.0], at=0.5)
+    loop.run()
+    # a runs alone for 0.5 s, then both at half speed: a needs 1.0 s more, b finishes 0.5 s after that.
+    assert done_a == [pytest.approx(1.5)]
+    assert done_b == [pytest.approx(2.0)]
+
+
+def test_background_load_and_demand_set_the_speed() -> None:
+    loop = EventLoop()
+    host = Host(loop, 2.0, background=1.0)
+    server = Server(loop, host, demand=2.0)
+    done = _finishes(loop, server, [1.0])
+    loop.run()
+    assert done == [pytest.approx(2.0)]  # demands 2 cores, 1 is free
+
+
+def test_a_paused_server_makes_no_progress_and_frees_the_host() -> None:
+    loop = EventLoop()
+    host = Host(loop, 1.0)
+    a, b = Server(loop, host), Server(loop, host)
+    done_a = _finishes(loop, a, [1.0])
+    done_b = _finishes(loop, b, [1.0])
+    loop.schedule(0.2, lambda _: a.pause())
+    loop.schedule(1.2, lambda _: a.resume())
+    loop.run()
+    # 0-0.2 both at half speed (0.1 each); b alone until 1.1; a alone from 1.2 with 0.9 left.
+    assert done_b == [pytest.approx(1.1)]
+    assert done_a == [pytest.approx(2.1)]
+
+
+def test_abort_returns_everything_in_hand_and_nothing_completes() -> None:
+    loop = EventLoop()
+    server = Server(loop, Host(loop, 1.0))
+    done = _finishes(loop, server, [1.0, 1.0])
+    loop.schedule(0.5, lambda _: lost.extend(server.abort()))
+    lost: list[object] = []
+    loop.run()
+    assert done == [] and len(lost) == 2 and not server.busy
+
+
+def test_bad_capacity_and_demand_are_refused() -> None:
+    loop = EventLoop()
+    with pytest.raises(ValueError):
+        Host(loop, 0.0)
+    with pytest.raises(ValueError):
+        Host(loop, 1.0, background=1.0)
+    with pytest.raises(ValueError):
+        Server(loop, Host(loop, 1.0), demand=0.0)

@@ -1,0 +1,156 @@
+"""The simulator against queueing theory, and the product's balancing behaviour under faults.
+
+Small scale, fixed seeds: every expectation is either an analytic result (Pollaczek–Khinchine for an M/G/1
+queue) or a comparison between two runs that differ in one setting.
+"""
+
+from __future__ import annotations
+
+from dataclasses import replace
+
+import pytest
+
+from fleetserve.batching.config import BatcherConfig
+from fleetserve.sim.arrivals import ArrivalConfig
+from fleetserve.sim.config import ReplicaGroup, SimConfig
+from fleetserve.sim.faults import Fault
+from fleetserve.sim.gateway import BalancerConfig
+from fleetserve.sim.scaling import FixedSize, FleetSnapshot, ScalingConfig
+from fleetserve.sim.simulator import Simulation, simulate
+from tests.sim.support import linear_profile
+
+NO_BATCHING = BatcherConfig(max_batch=1, max_delay_s=0.0)
+
+
+def _config(replicas: int = 4, rate: float = 2000.0, policy: str = "p2c-peak-ewma", **kw: object) -> SimConfig:
+    defaults: dict[str, object] = dict(
+        groups=(ReplicaGroup(linear_profile(base_s=0.001, cv=0.2), replicas),),
+        arrivals=ArrivalConfig("poisson", rate=rate), requests=20_000, warmup_s=0.5,
+        balancer=BalancerConfig(policy=policy), batcher=NO_BATCHING,
+    )
+    defaults.update(kw)
+    return SimConfig(**defaults)  # type: ignore[arg-type]
+
+
+@pytest.mark.parametrize("cv", [0.0, 0.5])
+def test_one_replica_without_batching_is_an_mg1_queue(cv: float) -> None:
+    service, rate = 0.001, 600.0
+    rho = rate * service
+    expected = service + rate * service**2 * (1 + cv * cv) / (2 * (1 - rho))  # Pollaczek–Khinchine
+    result = simulate(_config(1, rate, groups=(ReplicaGroup(linear_profile(base_s=service, cv=cv), 1),),
+                              requests=60_000, warmup_s=5.0, seed=3))
+    assert result.latency_s["mean"] == pytest.approx(expected, rel=0.04)
+    assert result.utilisation == pytest.approx(rho, rel=0.03)
+    assert result.error_count == 0
+
+
+def test_a_lone_request_waits_for_the_batchers_delay() -> None:
+    result = simulate(_config(1, 20.0, batcher=BatcherConfig(max_batch=8, max_delay_s=0.002),
+                              groups=(ReplicaGroup(linear_profile(base_s=0.001), 1),), requests=500))
+    assert result.p("p50") == pytest.approx(0.003, abs=1e-6)
+
+
+def test_batches_grow_with_load() -> None:
+    batching = BatcherConfig(max_batch=32, max_delay_s=0.002)
+    profile = linear_profile(base_s=0.001, per_row_s=0.0002)
+    light = simulate(_config(1, 100.0, batcher=batching, groups=(ReplicaGroup(profile, 1),)))
+    heavy = simulate(_config(1, 2500.0, batcher=batching, groups=(ReplicaGroup(profile, 1),)))
+    assert light.mean_batch < 1.3 < 4 < heavy.mean_batch
+
+
+def test_a_run_is_a_function_of_its_seed() -> None:
+    def outcome(seed: int) -> dict[str, object]:
+        data = simulate(_config(seed=seed, faults=(Fault.parse("throttle:0"),))).to_json()
+        data.pop("wall_s")
+        return data
+
+    assert outcome(1) == outcome(1)
+    assert outcome(1) != outcome(2)
+
+
+def test_p2c_routes_around_a_throttled_replica_and_round_robin_does_not() -> None:
+    faults = (Fault.parse("throttle:0"),)
+    p2c = simulate(_config(faults=faults))
+    rr = simulate(_config(policy="round-robin", faults=faults))
+    healthy = simulate(_config())
+    assert p2c.p("p99") < 3 * healthy.p("p99")
+    assert rr.p("p99") > 20 * p2c.p("p99")
+
+
+def test_a_crashed_replica_is_ejected_retried_around_and_back_after_its_cold_start() -> None:
+    config = _config(faults=(Fault.parse("crash:0@2"),), requests=30_000)
+    sim = Simulation(config)
+    before: list[int] = []
+    sim.loop.schedule(2.0, lambda _: before.append(sim.replicas[0].batches))
+    result = sim.run()
+    assert result.error_count == 0
+    assert result.retries > 0
+    # Cold start 1 s + restart 0.5 s + two passing probes: serving again well before the run ends (15 s).
+    assert sim.replicas[0].batches > before[0] + 100
+
+
+def test_p2c_sends_less_to_a_slow_replica() -> None:
+    sim = Simulation(_config(faults=(Fault.parse("slow:0x4"),), rate=1500.0))
+    sim.run()
+    slow, *others = (r.batched_rows for r in sim.replicas)
+    assert slow < 0.6 * min(others)
+
+
+def test_weights_split_traffic_for_weighted_round_robin() -> None:
+    heavy = ReplicaGroup(linear_profile(name="big"), 1, weight=3)
+    light = ReplicaGroup(linear_profile(name="small"), 1, weight=1)
+    sim = Simulation(_config(policy="weighted-round-robin", groups=(heavy, light), rate=800.0))
+    sim.run()
+    big, small = (r.batched_rows for r in sim.replicas)
+    assert big / small == pytest.approx(3.0, rel=0.02)
+
+
+def test_queue_aware_reads_the_replicas_load_reports() -> None:
+    faults = (Fault.parse("slow:0x4"),)
+    sim = Simulation(_config(policy="queue-aware", faults=faults, rate=1500.0))
+    result = sim.run()
+    slow, *others = (r.batched_rows for r in sim.replicas)
+    assert result.error_count == 0 and slow < min(others)
+
+
+def test_replicas_sharing_a_host_share_its_cores() -> None:
+    profile = replace(linear_profile(base_s=0.002), device="cpu")
+    group = (ReplicaGroup(profile, 2),)
+    roomy = simulate(_config(2, 600.0, groups=group, shared_host_cores=2.0))
+    cramped = simulate(_config(2, 600.0, groups=group, shared_host_cores=1.0))
+    assert roomy.latency_s["mean"] < 0.8 * cramped.latency_s["mean"]
+
+
+def test_a_full_queue_answers_503_and_the_gateway_retries_elsewhere() -> None:
+    tight = BatcherConfig(max_batch=1, max_delay_s=0.0, max_queue=2)
+    result = simulate(_config(2, 1900.0, policy="round-robin", batcher=tight, max_retries=1))
+    assert result.retries > 0
+    assert "overloaded_503" in result.errors
+
+
+class _Grow:
+    def __init__(self) -> None:
+        self.seen: list[FleetSnapshot] = []
+
+    def desired(self, snapshot: FleetSnapshot) -> int:
+        self.seen.append(snapshot)
+        return 4
+
+
+def test_a_scaling_rule_adds_replicas_after_their_cold_start() -> None:
+    rule = _Grow()
+    config = _config(2, 1000.0, requests=10_000, scaling=ScalingConfig(rule, interval_s=1.0, cold_start_s=2.0))
+    sim = Simulation(config)
+    sim.run()
+    assert len(sim.replicas) == 4
+    first, later = rule.seen[0], rule.seen[-1]
+    assert (first.ready, first.starting) == (2, 0)
+    assert first.arrival_rate == pytest.approx(1000, rel=0.1)
+    assert later.ready == 4
+    assert sum(r.batches > 0 for r in sim.replicas) == 4
+
+
+def test_fixed_size_keeps_the_fleet() -> None:
+    sim = Simulation(_config(3, 1000.0, requests=5000, scaling=ScalingConfig(FixedSize(), interval_s=0.5)))
+    sim.run()
+    assert len(sim.replicas) == 3
