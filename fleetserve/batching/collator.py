@@ -225,20 +225,23 @@ class Collator(Generic[T]):
         return min(times, default=None)
 
     def _take(self, entries: Iterable[Pending[T]]) -> None:
-        gone = {id(e): e for e in entries}
-        if not gone:
-            return
-        for bucket in {e.bucket for e in gone.values()}:
+        by_bucket: dict[int, list[Pending[T]]] = {}
+        for e in entries:
+            by_bucket.setdefault(e.bucket, []).append(e)
+        for bucket, taken in by_bucket.items():
             queue = self._buckets[bucket]
-            kept = [e for e in queue if id(e) not in gone]
-            if kept:
-                self._buckets[bucket] = kept
-                self._bucket_rows[bucket] = sum(e.rows for e in kept)
+            n = len(taken)
+            if all(queue[i] is taken[i] for i in range(n)):
+                del queue[:n]  # the usual case: a batch is the head of its bucket, in order
+            else:
+                gone = {id(e) for e in taken}
+                queue[:] = [e for e in queue if id(e) not in gone]
+            rows = sum(e.rows for e in taken)
+            if queue:
+                self._bucket_rows[bucket] -= rows
             else:
                 del self._buckets[bucket]
                 del self._bucket_rows[bucket]
-        for e in gone.values():
-            self._rows -= e.rows
-            self._count -= 1
-            if e.deadline is not None:
-                self._with_deadline -= 1
+            self._rows -= rows
+            self._count -= n
+            self._with_deadline -= sum(1 for e in taken if e.deadline is not None)

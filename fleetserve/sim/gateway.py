@@ -32,8 +32,10 @@ __all__ = [
     "DEFAULT_POLICY",
     "MAX_WEIGHT",
     "BalancerConfig",
+    "Endpoint",
     "SimBalancer",
     "Ticket",
+    "endpoint",
     "load_report",
     "policy_names",
     "quiet_gateway_logs",
@@ -61,6 +63,11 @@ def quiet_gateway_logs() -> Iterator[None]:
         yield
     finally:
         logger.setLevel(level)
+
+
+def endpoint(name: str, weight: int = 1) -> Endpoint:
+    """The gateway's endpoint for a simulated replica (one per replica, shared by every gateway worker)."""
+    return Endpoint(url=f"http://{name}:8000", host=name, port=8000, weight=weight)
 
 
 def reads_load_reports(policy: str) -> bool:
@@ -91,10 +98,9 @@ class SimBalancer(Generic[R]):
     def enable_active_health(self) -> None:
         self._balancer.enable_active_health()
 
-    def add(self, name: str, replica: R, weight: int = 1) -> None:
-        ep = Endpoint.from_url(f"http://{name}.sim:8000", weight=weight)
+    def add(self, ep: Endpoint, replica: R) -> None:
         self._replicas[ep.url] = replica
-        self._endpoints[name] = ep
+        self._endpoints[ep.host] = ep
         self._balancer.apply(Insert(ep))
 
     def remove(self, name: str) -> None:

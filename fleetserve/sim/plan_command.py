@@ -41,6 +41,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help=f"comma list of policies to compare (default: {','.join(DEFAULT_POLICIES)})")
     parser.add_argument("--requests", type=int, default=60_000, help="simulated requests per run")
     parser.add_argument("--instances", type=int, default=1, help="engine instances per replica")
+    parser.add_argument("--rows", type=int, default=1, help="sequences per request (e.g. 32 for a ranking call)")
+    parser.add_argument("--tokens", type=int, help="tokens per sequence (default: the profile's measured text mix)")
     parser.add_argument("--max-batch", type=int, default=32, help="replica --max-batch")
     parser.add_argument("--max-delay-ms", type=float, default=2.0, help="replica --max-delay-ms")
     parser.add_argument("--gateway-workers", type=int, help="gateway worker processes (default: from its CPU cost)")
@@ -93,7 +95,8 @@ def plan_json(plans: list[ProfilePlan], config: PlanConfig, weights: dict[str, i
 
     return {
         "qps": config.qps, "slo_p99_ms": config.slo_p99_s * 1e3, "policies": list(config.policies),
-        "requests_per_run": config.requests, "seed": config.seed, "faults": [str(f) for f in config.faults],
+        "requests_per_run": config.requests, "rows": config.rows, "tokens": config.tokens, "seed": config.seed,
+        "faults": [str(f) for f in config.faults],
         "weights": weights,
         "profiles": [{
             "name": p.profile.name, "derived_from": p.profile.derived_from, "measured_at": p.profile.measured_at,
@@ -113,7 +116,8 @@ def run(args: argparse.Namespace) -> int:
     profiles = [Profile.load(path).with_cost(cost) for path, cost in zip(args.profile, costs, strict=True)]
     config = PlanConfig(
         qps=args.qps, slo_p99_s=args.slo_p99_ms / 1000, policies=args.policies, requests=args.requests,
-        instances=args.instances, gateway_workers=args.gateway_workers, faults=tuple(args.fault),
+        instances=args.instances, rows=args.rows, tokens=args.tokens, gateway_workers=args.gateway_workers,
+        faults=tuple(args.fault),
         batcher=BatcherConfig(max_batch=args.max_batch, max_delay_s=args.max_delay_ms / 1000),
         max_replicas=args.max_replicas, seed=args.seed,
     )
@@ -125,8 +129,9 @@ def run(args: argparse.Namespace) -> int:
     planner = Planner(config, progress=say)
     plans = [planner.plan(p) for p in profiles]
     weights = derived_weights(plans, config.qps) if len(plans) > 1 else {}
-    print(f"Smallest fleet for {config.qps:g} req/s at p99 <= {args.slo_p99_ms:g} ms "
-          f"({config.requests} simulated requests per run, seed {config.seed}):\n")
+    shape = f"{config.rows} sequence(s) of {config.tokens or 'the profile mix of'} tokens per request"
+    print(f"Smallest fleet for {config.qps:g} req/s at p99 <= {args.slo_p99_ms:g} ms ({shape}; "
+          f"{config.requests} simulated requests per run, seed {config.seed}):\n")
     print(table(plans, config.qps))
     for plan in plans:
         if plan.best is not None:

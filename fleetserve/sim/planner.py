@@ -24,7 +24,7 @@ from fleetserve.sim.arrivals import ArrivalConfig
 from fleetserve.sim.config import ReplicaGroup, SimConfig
 from fleetserve.sim.faults import Fault
 from fleetserve.sim.gateway import DEFAULT_POLICY, BalancerConfig
-from fleetserve.sim.profile import Profile
+from fleetserve.sim.profile import LengthMix, Profile
 from fleetserve.sim.results import SimResult
 from fleetserve.sim.simulator import simulate
 
@@ -42,6 +42,8 @@ class PlanConfig:
     max_error_rate: float = 0.001
     max_replicas: int = 5_000
     instances: int = 1
+    rows: int = 1  # sequences per request (a ranking call scores several candidates at once)
+    tokens: int | None = None  # every sequence this long; None: the profile's length mix
     gateway_workers: int | None = None  # None: enough for GATEWAY_TARGET_UTILISATION
     batcher: BatcherConfig = field(default_factory=BatcherConfig)
     faults: tuple[Fault, ...] = ()
@@ -57,6 +59,10 @@ class PlanConfig:
             BalancerConfig(policy=name)
         if not 0 <= self.max_error_rate < 1 or self.max_replicas < 1 or self.requests < 1000:
             raise ValueError("plan needs 0 <= max_error_rate < 1, max_replicas >= 1 and requests >= 1000")
+        if not 1 <= self.rows <= self.batcher.max_batch:
+            raise ValueError(f"rows per request must be in 1..max_batch ({self.batcher.max_batch}), got {self.rows}")
+        if self.tokens is not None and self.tokens < 1:
+            raise ValueError(f"tokens must be >= 1, got {self.tokens}")
 
 
 @dataclass(frozen=True)
@@ -86,12 +92,14 @@ def gateway_workers(profile: Profile, qps: float) -> int:
     return max(1, math.ceil(qps * profile.gateway_cpu_s / GATEWAY_TARGET_UTILISATION))
 
 
-def replica_capacity(profile: Profile, batcher: BatcherConfig, instances: int) -> float:
+def replica_capacity(profile: Profile, batcher: BatcherConfig, instances: int, *, rows: int = 1,
+                     tokens: int | None = None) -> float:
     """Requests/s one replica could answer at best: full batches of the mix's mean length, all instances busy."""
-    rows = min(batcher.max_batch, profile.max_batch)
-    mean, _ = profile.timing(rows, max(1, round(profile.lengths.mean())))
+    batch = min(batcher.max_batch, profile.max_batch) // rows * rows
+    seq = tokens or max(1, round(profile.lengths.mean()))
+    mean, _ = profile.timing(batch, seq)
     parallel = instances if profile.device == "cpu" else min(instances, profile.device_capacity)
-    return parallel * rows / mean
+    return parallel * batch / rows / mean
 
 
 def holds(result: SimResult, config: PlanConfig) -> bool:
@@ -117,7 +125,8 @@ class Planner:
             warmup_s=cfg.warmup_s, balancer=BalancerConfig(policy=policy),
             batcher=replace(cfg.batcher, max_batch=min(cfg.batcher.max_batch, profile.max_batch)),
             gateway_workers=cfg.gateway_workers or gateway_workers(profile, cfg.qps), faults=cfg.faults,
-            replica_cores=cfg.replica_cores, seed=cfg.seed,
+            replica_cores=cfg.replica_cores, rows=cfg.rows,
+            lengths=LengthMix.fixed(cfg.tokens) if cfg.tokens else None, seed=cfg.seed,
         )
 
     def trial(self, profile: Profile, replicas: int, policy: str) -> Trial:
@@ -138,7 +147,8 @@ class Planner:
             trials.append(self.trial(profile, n, policy))
             return trials[-1]
 
-        low = max(1, math.floor(cfg.qps / replica_capacity(profile, cfg.batcher, cfg.instances)))
+        best_rate = replica_capacity(profile, cfg.batcher, cfg.instances, rows=cfg.rows, tokens=cfg.tokens)
+        low = max(1, math.floor(cfg.qps / best_rate))
         failed, n = low - 1, low
         while not run(n).holds:
             failed = n

@@ -211,15 +211,19 @@ def _bracket(points: tuple[int, ...], x: float) -> tuple[int, float]:
 
 
 class ServiceSampler:
-    """Draws batch service times from a profile: lognormal with the interpolated mean and CV, cached per shape."""
+    """Draws batch service times from a profile: lognormal with the interpolated mean and CV.
 
-    __slots__ = ("_cache", "_lognorm", "_profile", "_scale")
+    The lognormal's parameters are computed once per shape into ``cache``, which samplers of the same profile
+    may share (a large fleet has one sampler per replica, each with its own random stream).
+    """
 
-    def __init__(self, profile: Profile, rng: random.Random, *, scale: float = 1.0) -> None:
+    __slots__ = ("_cache", "_lognorm", "_profile")
+
+    def __init__(self, profile: Profile, rng: random.Random, *,
+                 cache: dict[tuple[int, int], tuple[float, float, float]] | None = None) -> None:
         self._profile = profile
         self._lognorm = rng.lognormvariate
-        self._cache: dict[tuple[int, int], tuple[float, float, float]] = {}
-        self._scale = scale
+        self._cache = {} if cache is None else cache
 
     def params(self, rows: int, seq: int) -> tuple[float, float, float]:
         """(mean, mu, sigma) of the lognormal for this shape."""
@@ -227,7 +231,6 @@ class ServiceSampler:
         got = self._cache.get(key)
         if got is None:
             mean, cv = self._profile.timing(rows, seq)
-            mean *= self._scale
             sigma2 = math.log1p(cv * cv)
             got = (mean, math.log(mean) - sigma2 / 2, math.sqrt(sigma2))
             self._cache[key] = got

@@ -35,6 +35,7 @@ class SimReplica:
     def __init__(
         self, loop: EventLoop, name: str, profile: Profile, batcher: BatcherConfig, *, instances: int,
         cpu_host: Host, device_host: Host, rng: random.Random, reply: Reply, weight: int = 1,
+        shapes: dict[tuple[int, int], tuple[float, float, float]] | None = None,
     ) -> None:
         self.loop = loop
         self.name = name
@@ -43,7 +44,7 @@ class SimReplica:
         self._batcher = batcher
         self._reply = reply
         self._buckets = tuple(b for b in profile.seq_buckets if b <= profile.max_seq) or (profile.max_seq,)
-        self._sample = ServiceSampler(profile, rng)
+        self._sample = ServiceSampler(profile, rng, cache=shapes)
         self.event_loop = Server(loop, cpu_host, name=f"{name}/loop")
         self.instances = [
             Server(loop, device_host, demand=profile.threads, name=f"{name}/engine{i}") for i in range(instances)

@@ -20,7 +20,7 @@ from fleetserve.sim.config import DEFAULT_COLD_START_S, ReplicaGroup, SimConfig
 from fleetserve.sim.events import EventLoop
 from fleetserve.sim.faults import Fault
 from fleetserve.sim.front import FrontWorker
-from fleetserve.sim.gateway import quiet_gateway_logs
+from fleetserve.sim.gateway import endpoint, quiet_gateway_logs
 from fleetserve.sim.host import Host
 from fleetserve.sim.replica import DOWN, READY, STARTING, SimReplica
 from fleetserve.sim.request import Request
@@ -46,6 +46,7 @@ class Simulation:
             for i in range(config.gateway_workers)
         ]
         self.replicas: list[SimReplica] = []
+        self._shapes: dict[int, dict[tuple[int, int], tuple[float, float, float]]] = {}
         self._group_of: dict[str, ReplicaGroup] = {}
         self._serial = 0
         for group in config.groups:
@@ -80,7 +81,7 @@ class Simulation:
         replica = SimReplica(
             self.loop, name, profile, cfg.batcher, instances=group.instances, cpu_host=cpu_host,
             device_host=device_host, rng=random.Random(f"{cfg.seed}:service:{name}"), reply=_reply,
-            weight=group.weight,
+            weight=group.weight, shapes=self._shapes.setdefault(id(profile), {}),
         )
         replica.state = state
         self.replicas.append(replica)
@@ -90,8 +91,9 @@ class Simulation:
         return replica
 
     def _announce(self, replica: SimReplica) -> None:
+        ep = endpoint(replica.name, replica.weight)
         for worker in self.workers:
-            worker.balancer.add(replica.name, replica, replica.weight)
+            worker.balancer.add(ep, replica)
 
     def _cold_start(self, replica: SimReplica) -> float:
         profile = self._group_of[replica.name].profile
