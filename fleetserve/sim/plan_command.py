@@ -128,7 +128,8 @@ def run(args: argparse.Namespace) -> int:
 
     planner = Planner(config, progress=say)
     plans = [planner.plan(p) for p in profiles]
-    weights = derived_weights(plans, config.qps) if len(plans) > 1 else {}
+    weights = (derived_weights(profiles, config.batcher, instances=config.instances, rows=config.rows,
+                               tokens=config.tokens) if len(profiles) > 1 else {})
     shape = f"{config.rows} sequence(s) of {config.tokens or 'the profile mix of'} tokens per request"
     print(f"Smallest fleet for {config.qps:g} req/s at p99 <= {args.slo_p99_ms:g} ms ({shape}; "
           f"{config.requests} simulated requests per run, seed {config.seed}):\n")

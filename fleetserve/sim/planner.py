@@ -8,9 +8,9 @@ still holds one replica smaller wins outright, otherwise the lowest p99 wins. A 
 within the SLO, the answers it gave inside the arrival window come within 2% of the load offered, and at most
 ``max_error_rate`` of requests failed. Every run is a full simulation with the same seed, so the answer is reproducible.
 
-Weights for a weighted front end over a mixed fleet are each profile's sustainable load per replica at the
-SLO (``qps / replicas``), in lowest integer terms at a 10% resolution (Envoy's and NGINX's weights are
-integers).
+Weights for a weighted front end over a mixed fleet are proportional to each profile's best throughput per
+replica (:func:`replica_capacity`), in lowest integer terms at a 10% resolution (Envoy's and NGINX's weights
+are integers): a weighted round robin then loads every type to the same share of what it can do.
 """
 
 from __future__ import annotations
@@ -94,12 +94,14 @@ def gateway_workers(profile: Profile, qps: float) -> int:
 
 def replica_capacity(profile: Profile, batcher: BatcherConfig, instances: int, *, rows: int = 1,
                      tokens: int | None = None) -> float:
-    """Requests/s one replica could answer at best: full batches of the mix's mean length, all instances busy."""
+    """Requests/s one replica could answer at best: full batches of the mix's mean length, all instances busy,
+    and no more than its event loop can take in (one request costs it ``replica_cpu_s``)."""
     batch = min(batcher.max_batch, profile.max_batch) // rows * rows
     seq = tokens or max(1, round(profile.lengths.mean()))
     mean, _ = profile.timing(batch, seq)
     parallel = instances if profile.device == "cpu" else min(instances, profile.device_capacity)
-    return parallel * batch / rows / mean
+    engine = parallel * batch / rows / mean
+    return min(engine, 1.0 / profile.replica_cpu_s) if profile.replica_cpu_s > 0 else engine
 
 
 def holds(result: SimResult, config: PlanConfig) -> bool:
@@ -172,11 +174,10 @@ class Planner:
         return ProfilePlan(profile, best, tuple(at_size), tuple(trials), workers)
 
 
-def derived_weights(plans: list[ProfilePlan], qps: float) -> dict[str, int]:
-    """Integer gateway weights ∝ each profile's sustainable requests/s per replica at the SLO."""
-    rates = {p.profile.name: qps / p.best.replicas for p in plans if p.best is not None}
-    if not rates:
-        return {}
+def derived_weights(profiles: list[Profile], batcher: BatcherConfig, *, instances: int = 1, rows: int = 1,
+                    tokens: int | None = None) -> dict[str, int]:
+    """Integer gateway weights ∝ each profile's best requests/s per replica (see the module docstring)."""
+    rates = {p.name: replica_capacity(p, batcher, instances, rows=rows, tokens=tokens) for p in profiles}
     low = min(rates.values())
     raw = {name: max(1, round(10 * r / low)) for name, r in rates.items()}
     divisor = math.gcd(*raw.values())

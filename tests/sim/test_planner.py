@@ -1,0 +1,56 @@
+"""The planner on synthetic profiles whose capacity we know."""
+
+from __future__ import annotations
+
+import pytest
+
+from fleetserve.batching.config import BatcherConfig
+from fleetserve.sim.planner import PlanConfig, Planner, derived_weights, replica_capacity
+from tests.sim.support import linear_profile
+
+NO_BATCHING = BatcherConfig(max_batch=1, max_delay_s=0.0)
+
+
+def test_capacity_counts_full_batches_and_the_event_loop() -> None:
+    p = linear_profile(base_s=0.001, per_row_s=0.0001)
+    assert replica_capacity(p, BatcherConfig(max_batch=8), 1) == pytest.approx(8 / 0.0018)
+    assert replica_capacity(p, BatcherConfig(max_batch=8), 1, rows=4) == pytest.approx(2 / 0.0018)
+    busy_loop = linear_profile(base_s=0.001, replica_cpu_s=0.002)
+    assert replica_capacity(busy_loop, BatcherConfig(max_batch=8), 1) == pytest.approx(500)
+
+
+def test_the_smallest_fleet_holding_the_slo_is_found() -> None:
+    # 1 ms per request, no batching: a replica does 1000/s; 2500/s at p99 <= 10 ms needs at least 3.
+    profile = linear_profile(base_s=0.001, cv=0.3, cost_per_hour=2.0)
+    config = PlanConfig(qps=2500, slo_p99_s=0.010, policies=("p2c-peak-ewma", "round-robin"), requests=20_000,
+                        batcher=NO_BATCHING, gateway_workers=1)
+    plan = Planner(config).plan(profile)
+    assert plan.best is not None
+    n = plan.best.replicas
+    assert 3 <= n <= 5
+    assert plan.best.result.p("p99") <= 0.010
+    assert any(t.replicas == n - 1 and not t.holds for t in plan.trials) or n == 3
+    assert {t.policy for t in plan.policies} == {"p2c-peak-ewma", "round-robin"}
+    assert plan.cost_per_million(2500) == pytest.approx(n * 2.0 / (2500 * 3600) * 1e6)
+
+
+def test_no_fleet_within_the_limit_is_reported_as_none() -> None:
+    config = PlanConfig(qps=5000, slo_p99_s=0.0005, requests=2000, batcher=NO_BATCHING, max_replicas=4,
+                        gateway_workers=1, policies=("round-robin",))
+    plan = Planner(config).plan(linear_profile(base_s=0.001))
+    assert plan.best is None and plan.trials
+
+
+def test_weights_follow_capacity() -> None:
+    fast, slow = linear_profile(base_s=0.0008, name="fast"), linear_profile(base_s=0.0012, name="slow")
+    assert derived_weights([fast, slow], NO_BATCHING) == {"fast": 3, "slow": 2}
+    assert derived_weights([fast, fast], NO_BATCHING) == {"fast": 1}
+
+
+@pytest.mark.parametrize("kw", [dict(qps=0), dict(slo_p99_s=0), dict(policies=()), dict(policies=("fastest",)),
+                                dict(rows=64), dict(requests=10)])
+def test_bad_plan_settings_are_refused(kw: dict[str, object]) -> None:
+    base: dict[str, object] = dict(qps=100, slo_p99_s=0.05)
+    base.update(kw)
+    with pytest.raises(ValueError):
+        PlanConfig(**base)  # type: ignore[arg-type]
