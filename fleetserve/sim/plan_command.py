@@ -8,51 +8,57 @@ as JSON; ``--plot DIR`` draws latency against load for fleet sizes around each a
 
 from __future__ import annotations
 
-import argparse
 import json
 import sys
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from fleetserve.batching.config import BatcherConfig
+from fleetserve.options import option
 from fleetserve.sim.faults import Fault
 from fleetserve.sim.gateway import policy_names
 from fleetserve.sim.planner import DEFAULT_POLICIES, PlanConfig, Planner, ProfilePlan, derived_weights
 from fleetserve.sim.profile import Profile
 
 
-def _policies(text: str) -> tuple[str, ...]:
+def policies(text: str) -> tuple[str, ...]:
+    """A comma list of balancing policy names."""
     names = tuple(p.strip() for p in text.split(",") if p.strip())
     unknown = [n for n in names if n not in policy_names()]
     if unknown or not names:
-        raise argparse.ArgumentTypeError(f"unknown policy {unknown[0] if unknown else text!r}; "
-                                         f"choose from {', '.join(policy_names())}")
+        raise ValueError(f"unknown policy {unknown[0] if unknown else text!r}; choose from {', '.join(policy_names())}")
     return names
 
 
-def add_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--profile", type=Path, action="append", required=True,
-                        help="a profile from `fleetserve profile` (repeat for several GPU types)")
-    parser.add_argument("--qps", type=float, required=True, help="load to serve, requests/s")
-    parser.add_argument("--slo-p99-ms", type=float, required=True, help="p99 latency the fleet must hold")
-    parser.add_argument("--cost-per-hour", type=float, action="append", default=[],
-                        help="price of one replica per hour, one per --profile in order (default: the profile's)")
-    parser.add_argument("--policies", type=_policies, default=DEFAULT_POLICIES,
-                        help=f"comma list of policies to compare (default: {','.join(DEFAULT_POLICIES)})")
-    parser.add_argument("--requests", type=int, default=60_000, help="simulated requests per run")
-    parser.add_argument("--instances", type=int, default=1, help="engine instances per replica")
-    parser.add_argument("--rows", type=int, default=1, help="sequences per request (e.g. 32 for a ranking call)")
-    parser.add_argument("--tokens", type=int, help="tokens per sequence (default: the profile's measured text mix)")
-    parser.add_argument("--max-batch", type=int, default=32, help="replica --max-batch")
-    parser.add_argument("--max-delay-ms", type=float, default=2.0, help="replica --max-delay-ms")
-    parser.add_argument("--gateway-workers", type=int, help="gateway worker processes (default: from its CPU cost)")
-    parser.add_argument("--fault", type=Fault.parse, action="append", default=[],
-                        help="inject a fault in every run, e.g. throttle:1%% or crash:0@5 (see docs)")
-    parser.add_argument("--max-replicas", type=int, default=5000, help="give up above this fleet size")
-    parser.add_argument("--seed", type=int, default=0)
-    parser.add_argument("--out", type=Path, help="write the plan as JSON")
-    parser.add_argument("--plot", type=Path, metavar="DIR", help="write latency-vs-load PNGs here")
-    parser.add_argument("--quiet", action="store_true", help="no progress lines on stderr")
+@dataclass(frozen=True)
+class PlanOptions:
+    profile: tuple[Path, ...] = option((), "a profile from `fleetserve profile` (repeat for several GPU types)",
+                                       metavar="P.json", required=True)
+    qps: float = option(0.0, "load to serve, requests/s", required=True)
+    slo_p99_ms: float = option(0.0, "p99 latency the fleet must hold, ms", metavar="MS", required=True)
+    cost_per_hour: tuple[float, ...] = option((), "price of one replica per hour, one per --profile in order",
+                                              metavar="PRICE", default_text="the profile's")
+    policies: tuple[str, ...] = option(DEFAULT_POLICIES, "comma list of policies to compare", parse=policies,
+                                       repeat=False, metavar="NAME,NAME,...")
+    requests: int = option(60_000, "simulated requests per run")
+    instances: int = option(1, "engine instances per replica")
+    rows: int = option(1, "sequences per request (e.g. 32 for a ranking call)")
+    tokens: int | None = option(None, "tokens per sequence", default_text="the profile's measured text mix")
+    max_batch: int = option(32, "the replicas' --max-batch")
+    max_delay_ms: float = option(2.0, "the replicas' --max-delay-ms")
+    gateway_workers: int | None = option(None, "gateway worker processes",
+                                         default_text="enough to keep each at half its CPU")
+    fault: tuple[Fault, ...] = option((), "inject a fault in every run (repeatable): throttle:1%%, crash:0@5, "
+                                          "slow:2%%x3", parse=Fault.parse, metavar="KIND:TARGETS[xF][@S]")
+    max_replicas: int = option(5000, "give up above this fleet size")
+    seed: int = option(0, "seed of every random choice in the simulation")
+    out: Path | None = option(None, "write the plan as JSON", metavar="FILE.json")
+    plot: Path | None = option(None, "write latency-vs-load PNGs into this directory", metavar="DIR")
+    quiet: bool = option(False, "no progress lines on stderr")
+
+
+OPTIONS = PlanOptions
 
 
 def _ms(value: float) -> str:
@@ -109,10 +115,10 @@ def plan_json(plans: list[ProfilePlan], config: PlanConfig, weights: dict[str, i
     }
 
 
-def run(args: argparse.Namespace) -> int:
+def run(args: PlanOptions) -> int:
     if args.cost_per_hour and len(args.cost_per_hour) != len(args.profile):
         raise ValueError(f"give one --cost-per-hour per --profile ({len(args.profile)}), got {len(args.cost_per_hour)}")
-    costs = args.cost_per_hour or [None] * len(args.profile)
+    costs: list[float | None] = list(args.cost_per_hour) or [None] * len(args.profile)
     profiles = [Profile.load(path).with_cost(cost) for path, cost in zip(args.profile, costs, strict=True)]
     config = PlanConfig(
         qps=args.qps, slo_p99_s=args.slo_p99_ms / 1000, policies=args.policies, requests=args.requests,

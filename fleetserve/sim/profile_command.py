@@ -8,7 +8,6 @@ the gateway's CPU per request and the replica's cold start with real processes (
 
 from __future__ import annotations
 
-import argparse
 import asyncio
 import os
 import platform
@@ -16,9 +15,11 @@ import random
 import shlex
 import sys
 import time
+from dataclasses import dataclass
 from pathlib import Path
 
-from fleetserve.engine.command import add_engine_arguments, engine_config
+from fleetserve.engine.config import EngineConfig
+from fleetserve.options import option, section
 from fleetserve.sim.profile import LengthMix, Profile
 from fleetserve.sim.profiler import (
     ProfileConfig,
@@ -30,27 +31,41 @@ from fleetserve.sim.profiler import (
 )
 
 
-def _sizes(text: str) -> tuple[int, ...]:
+def sizes(text: str) -> tuple[int, ...]:
+    """A comma list of positive integers, e.g. ``1,8,32``."""
     try:
-        return tuple(int(s) for s in text.split(",") if s.strip())
+        values = tuple(int(s) for s in text.split(",") if s.strip())
     except ValueError:
-        raise argparse.ArgumentTypeError(f"expected a comma list of integers, got {text!r}") from None
+        raise ValueError(f"expected a comma list of integers, got {text!r}") from None
+    if not values or min(values) < 1:
+        raise ValueError(f"expected a comma list of positive integers, got {text!r}")
+    return values
 
 
-def add_arguments(parser: argparse.ArgumentParser) -> None:
-    add_engine_arguments(parser)
-    parser.add_argument("--out", type=Path, required=True, help="where to write the profile JSON")
-    parser.add_argument("--threads", type=int, default=0,
-                        help="intra-op threads of the instance (0: all cores, as a one-instance replica uses)")
-    parser.add_argument("--batch-sizes", type=_sizes, default=(), help="comma list (default: the engine's buckets)")
-    parser.add_argument("--seq-lengths", type=_sizes, default=(), help="comma list (default: 16, 32, … max-seq)")
-    parser.add_argument("--repeats", type=int, default=20, help="most timed runs per shape")
-    parser.add_argument("--budget-s", type=float, default=2.0, help="timed seconds per shape after 3 runs")
-    parser.add_argument("--no-costs", action="store_true",
-                        help="skip measuring replica/gateway CPU per request and cold start (real processes)")
-    parser.add_argument("--cost-duration-s", type=float, default=5.0, help="load seconds per CPU-cost phase")
-    parser.add_argument("--cost-per-hour", type=float, help="price of one replica per hour, stored for plan")
-    parser.add_argument("--name", default="", help="short label for tables (default: model/precision/device)")
+@dataclass(frozen=True)
+class ProfileOptions:
+    engine: EngineConfig = section(EngineConfig)
+    out: Path = option(Path("profile.json"), "where to write the profile JSON", metavar="P.json", required=True)
+    threads: int = option(0, "intra-op threads of the instance", default_text="all cores, as one instance uses")
+    batch_sizes: tuple[int, ...] = option((), "batch sizes to time, comma list", parse=sizes, repeat=False,
+                                          metavar="N,N,...", default_text="the engine's batch buckets")
+    seq_lengths: tuple[int, ...] = option((), "sequence lengths to time, comma list", parse=sizes, repeat=False,
+                                          metavar="N,N,...", default_text="16, 32, ... up to max-seq")
+    repeats: int = option(20, "most timed runs per shape")
+    budget_s: float = option(2.0, "timed seconds per shape once 3 runs are in")
+    costs: bool = option(True, "measure the replica's and gateway's CPU per request and the cold start "
+                               "(starts a real replica and gateway)")
+    cost_duration_s: float = option(5.0, "seconds of load per CPU-cost phase")
+    cost_per_hour: float | None = option(None, "price of one replica per hour, stored for plan",
+                                         default_text="none")
+    name: str = option("", "short label for tables", default_text="model/precision/device")
+
+    def __post_init__(self) -> None:
+        if self.threads < 0 or self.cost_duration_s <= 0:
+            raise ValueError("--threads must be >= 0 and --cost-duration-s > 0")
+
+
+OPTIONS = ProfileOptions
 
 
 def _device_name(device: str) -> str:
@@ -71,18 +86,16 @@ def _device_name(device: str) -> str:
     return f"{model}, {os.cpu_count()} cores"
 
 
-def run(args: argparse.Namespace) -> int:
+def run(options: ProfileOptions) -> int:
     from fleetserve.engine.builder import build
     from fleetserve.engine.onnxruntime import threads_per_instance
     from fleetserve.models.tokenizer import TextTokenizer
 
-    config = ProfileConfig(repeats=args.repeats, min_repeats=min(3, args.repeats), budget_s=args.budget_s,
-                           batch_sizes=args.batch_sizes, seq_lengths=args.seq_lengths)
-    if args.threads < 0:
-        raise ValueError(f"--threads must be >= 0, got {args.threads}")
-    econf = engine_config(args)
+    config = ProfileConfig(repeats=options.repeats, min_repeats=min(3, options.repeats), budget_s=options.budget_s,
+                           batch_sizes=options.batch_sizes, seq_lengths=options.seq_lengths)
+    econf = options.engine
     built = build(econf, quiet=True)
-    threads = args.threads or threads_per_instance(1)
+    threads = options.threads or threads_per_instance(1)
     engine = built.load(threads)
     shape = built.profile
     batch_sizes = config.batch_sizes or shape.batch_buckets
@@ -90,17 +103,19 @@ def run(args: argparse.Namespace) -> int:
     if max(batch_sizes) > shape.max_batch or max(seq_lengths) > shape.max_seq:
         raise ValueError(f"shapes must fit the engine: batch <= {shape.max_batch}, seq <= {shape.max_seq}")
     inputs = {s.name: ("int32" if s.datatype == "INT32" else "int64", s.value_limit) for s in engine.inputs}
+
     def say(line: str) -> None:
         print(line, file=sys.stderr, flush=True)
 
-    instance = engine.instance()
-    service = measure_grid(instance.infer, inputs, batch_sizes, seq_lengths, config, progress=say)
+    load_before = os.getloadavg()[0]
+    service = measure_grid(engine.instance().infer, inputs, batch_sizes, seq_lengths, config, progress=say)
     capacity = 1.0
     if engine.device != "cpu":
         middle = (batch_sizes[len(batch_sizes) // 2], seq_lengths[len(seq_lengths) // 2])
         feed = feeds(inputs, *middle, random.Random(config.seed))
         capacity = measure_capacity(lambda: engine.instance().infer, feed, config)
-    notes = [f"engine {built.key}; {threads} intra-op thread(s)"]
+    notes = [f"engine {built.key}; {threads} intra-op thread(s); load average {load_before:.2f} before timing, "
+             f"{os.getloadavg()[0]:.2f} after"]
     if built.model.tokenizer_path is not None:
         tok = TextTokenizer(built.model.tokenizer_path, shape.max_seq)
         mix = length_mix(lambda texts: [int(n) for n in tok.encode(texts).attention_mask.sum(axis=1)], config)
@@ -108,14 +123,14 @@ def run(args: argparse.Namespace) -> int:
         mix = LengthMix.fixed(min(32, shape.max_seq))
         notes.append("no tokenizer: request mix fixed at 32 tokens")
     costs = None
-    if not args.no_costs:
+    if options.costs:
         from fleetserve.sim.costs import CostConfig, measure_costs
 
         serve_args = ["--precision", str(econf.precision), "--backend", econf.backend, "--device", econf.device,
                       "--max-batch", str(econf.max_batch)]
         if econf.max_seq:
             serve_args += ["--max-seq", str(econf.max_seq)]
-        costs = asyncio.run(measure_costs(args.model, serve_args, CostConfig(duration_s=args.cost_duration_s)))
+        costs = asyncio.run(measure_costs(econf.model, serve_args, CostConfig(duration_s=options.cost_duration_s)))
     else:
         notes.append("CPU costs and cold start not measured (--no-costs)")
     engine.close()
@@ -126,13 +141,14 @@ def run(args: argparse.Namespace) -> int:
         device_capacity=capacity, replica_cpu_s=costs.replica_cpu_s if costs else 0.0,
         gateway_cpu_s=costs.gateway_cpu_s if costs else 0.0, cold_start_s=costs.cold_start_s if costs else None,
         lengths=mix, seq_buckets=shape.seq_buckets, pad_to_bucket=engine.device != "cpu",
-        cost_per_hour=args.cost_per_hour, measured_at=time.strftime("%Y-%m-%d %H:%M %Z"),
+        cost_per_hour=options.cost_per_hour, measured_at=time.strftime("%Y-%m-%d %H:%M %Z"),
         command="fleetserve profile " + shlex.join(sys.argv[2:] if sys.argv[1:2] == ["profile"] else sys.argv[1:]),
-        notes=tuple(notes), name=args.name,
+        notes=tuple(notes), name=options.name,
     )
-    profile.save(args.out)
+    profile.save(options.out)
+    cold = f"{profile.cold_start_s:.2f} s" if profile.cold_start_s is not None else "not measured"
     print(f"profile {profile.name}: {len(batch_sizes)} batch sizes x {len(seq_lengths)} lengths, "
           f"batch 1 at {seq_lengths[0]} tokens {service[0][0].mean_s * 1e3:.3f} ms, "
           f"replica CPU {profile.replica_cpu_s * 1e6:.0f} us/request, gateway CPU {profile.gateway_cpu_s * 1e6:.0f} "
-          f"us/request, cold start {profile.cold_start_s or float('nan'):.2f} s -> {args.out}")
+          f"us/request, cold start {cold} -> {options.out}")
     return 0
