@@ -4,7 +4,8 @@ The protocol is the smallest a rule needs: ``desired(snapshot) -> replicas``, wh
 metrics pipeline would show at that simulated time (arrival rate, p99 and engine utilisation over the last
 interval, queue depth and replicas ready or starting). The simulator clamps the answer to
 ``[min_replicas, max_replicas]``, starts new replicas (ready, and announced to the gateway, after the cold
-start) or drains the newest ones. :class:`FixedSize` keeps the fleet as it is.
+start) or retires replicas still starting, then the newest ready ones (as a Kubernetes ReplicaSet does); a
+retired replica leaves the gateway at once and finishes the work it holds. :class:`FixedSize` keeps the fleet as it is.
 """
 
 from __future__ import annotations

@@ -166,12 +166,13 @@ class Simulation:
         for _ in range(want - have):
             replica = self._add_replica(self.config.groups[0], STARTING)
             self.loop.after(self._cold_start(replica), self._ready, replica)
-        for replica in (ready[::-1] + starting[::-1])[: max(0, have - want)]:
+        # Like a Kubernetes ReplicaSet scaling down: replicas not ready yet go first, then the newest.
+        for replica in (starting[::-1] + ready[::-1])[: max(0, have - want)]:
             self._retire(replica)
         self.loop.after(interval, self._scale_tick)
 
     def _ready(self, replica: SimReplica) -> None:
-        if replica.state == STARTING:
+        if replica.state == STARTING and replica in self.replicas:  # not retired while starting
             replica.state = READY
             self._announce(replica)
 

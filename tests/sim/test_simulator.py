@@ -154,3 +154,32 @@ def test_fixed_size_keeps_the_fleet() -> None:
     sim = Simulation(_config(3, 1000.0, requests=5000, scaling=ScalingConfig(FixedSize(), interval_s=0.5)))
     sim.run()
     assert len(sim.replicas) == 3
+
+
+class _Shrink:
+    def desired(self, snapshot: FleetSnapshot) -> int:
+        return 1
+
+
+def test_scaling_down_drains_the_newest_replicas_and_loses_nothing() -> None:
+    sim = Simulation(_config(3, 600.0, requests=8000, scaling=ScalingConfig(_Shrink(), interval_s=2.0)))
+    result = sim.run()
+    assert [r.name for r in sim.replicas] == ["replica-0"]
+    assert result.error_count == 0 and result.ok > 0
+
+
+class _UpThenDown:
+    def __init__(self) -> None:
+        self.ticks = 0
+
+    def desired(self, snapshot: FleetSnapshot) -> int:
+        self.ticks += 1
+        return 3 if self.ticks == 1 else 2
+
+
+def test_a_replica_retired_while_starting_never_joins() -> None:
+    scaling = ScalingConfig(_UpThenDown(), interval_s=1.0, cold_start_s=5.0)
+    sim = Simulation(_config(2, 600.0, requests=6000, scaling=scaling))
+    sim.run()
+    assert [r.name for r in sim.replicas] == ["replica-0", "replica-1"]
+    assert all(worker.balancer.names() == ["replica-0", "replica-1"] for worker in sim.workers)
