@@ -1,8 +1,9 @@
 """Fleet simulator and capacity planner: predict p99, replicas and cost from measured engine profiles.
 
-``profile`` / ``profiler``: what one engine and replica cost (``fleetserve profile``). ``events``: the
-discrete-event core. ``host``: servers sharing CPU or GPU capacity. ``replica`` (the real batch collator),
-``gateway`` + ``front`` (the real balancer, policies, health and ejection), ``arrivals``, ``faults``,
-``scaling``: the pieces :mod:`fleetserve.sim.simulator` wires together. ``planner``: the smallest fleet that
-holds an SLO (``fleetserve plan``).
+- ``profile`` (the profile format), ``profiler`` and ``costs`` (how ``fleetserve profile`` measures one);
+- ``events`` (the discrete-event core), ``host`` (FIFO servers sharing CPU or GPU capacity);
+- ``replica`` (the real batch collator), ``gateway`` (the one door to the real balancer, policies, health and
+  ejection) and ``front`` (gateway workers and their retry rule), ``arrivals``, ``faults``, ``scaling``,
+  ``request``, ``config``, ``results``: the pieces :mod:`fleetserve.sim.simulator` wires together;
+- ``planner`` and ``plot``: the smallest fleet that holds an SLO (``fleetserve plan``).
 """

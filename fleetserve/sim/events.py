@@ -1,12 +1,12 @@
 """The simulator's discrete-event core: a clock and a binary heap of timed callbacks.
 
-Why not SimPy: SimPy (process generators, ``Event`` objects, ``Resource`` queues) is the well-kept
-library for this, and ``tests/sim/test_events.py`` checks this core against it on the same queueing
-model. But the simulator's scale target is 1,000 replicas × 1,000,000 requests in ≤ 60 s on a 2-core
-machine, and on that target's event pattern (``benchmarks/sim_core.py``) SimPy spent several times the
-wall time of this loop: every SimPy step allocates an event, resumes a generator and walks callback lists,
-where a step here is one ``heappop`` and one call. The fleet's state machines (replica, gateway worker,
-host) are plain objects that schedule their own next callback, so nothing needs coroutines.
+Why not SimPy: SimPy (process generators, ``Event`` objects, ``Resource`` queues) is the well-kept library for
+this, and ``tests/sim/test_events.py`` checks this core against it on the same queue. But the scale target is
+1,000 replicas × 1,000,000 requests in ≤ 60 s on a 2-core machine, and on that target's event pattern
+(``benchmarks/sim_core.py``; BENCHMARKS.md §7) SimPy took about 7× the CPU time of this loop before any fleet
+logic ran: each SimPy step allocates an event, resumes a generator and walks callback lists, where a step here
+is one ``heappop`` and one call. The fleet's state machines (replica, gateway worker, server) are plain objects
+that schedule their own next callback, so nothing needs coroutines.
 
 Ties are broken by insertion order, so a run is a pure function of its inputs and seeds. Cancelling is
 lazy: a callback that may be superseded carries a token and ignores itself when the token is stale.
