@@ -27,10 +27,10 @@ from fleetserve.batching.config import BatcherConfig
 from fleetserve.sim.arrivals import ArrivalConfig
 from fleetserve.sim.config import ReplicaGroup, SimConfig
 from fleetserve.sim.events import EventLoop
-from fleetserve.sim.gateway import BalancerConfig
+from fleetserve.sim.gateway import BalancerConfig, quiet_gateway_logs
 from fleetserve.sim.planner import gateway_workers, replica_capacity
 from fleetserve.sim.profile import Profile
-from fleetserve.sim.simulator import simulate
+from fleetserve.sim.simulator import Simulation
 
 
 def draws(replicas: int, requests: int, seed: int) -> tuple[list[float], list[int], list[float]]:
@@ -133,10 +133,13 @@ def main() -> None:
             requests=args.requests, warmup_s=0.0, balancer=BalancerConfig(), batcher=batcher,
             gateway_workers=gateway_workers(profile, rate), seed=args.seed,
         )
-        result, wall, cpu = timed(simulate, config)
+        with quiet_gateway_logs():
+            sim, setup_wall, setup_cpu = timed(Simulation, config)
+            result, wall, cpu = timed(sim.run)
         print(f"simulator ({profile.name}, p2c-peak-ewma, {rate:,.0f} req/s, {config.gateway_workers} gateway "
-              f"workers): {wall:.1f} s wall, {cpu:.1f} s CPU, {result.events:,} events, p99 "
-              f"{result.p('p99') * 1e3:.2f} ms, mean batch {result.mean_batch:.2f}")
+              f"workers): set-up {setup_wall:.1f} s wall / {setup_cpu:.1f} s CPU, run {wall:.1f} s wall / "
+              f"{cpu:.1f} s CPU, total {setup_wall + wall:.1f} s wall / {setup_cpu + cpu:.1f} s CPU; "
+              f"{result.events:,} events, p99 {result.p('p99') * 1e3:.2f} ms, mean batch {result.mean_batch:.2f}")
 
 
 if __name__ == "__main__":

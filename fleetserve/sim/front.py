@@ -37,6 +37,8 @@ class FrontWorker:
         self._network_s = network_s
         self._reports = reads_load_reports(config.policy)
         self.retries = 0
+        # A replica's answer for a request (called by the replica), after the network delay if there is one.
+        self.answer = self._delayed_answer if network_s else self._answer
 
     def receive(self, request: Request) -> None:
         request.front = self
@@ -46,16 +48,14 @@ class FrontWorker:
             self._route(request)
 
     def _route(self, request: Request) -> None:
-        balancer = self.balancer
-        ep = balancer.pick(request.tickets or ())
-        if ep is None:
+        routed = self.balancer.route(request.tickets or ())
+        if routed is None:
             if request.budgeted:
-                balancer.retry_budget.release()
+                self.balancer.retry_budget.release()
                 request.budgeted = False
             self._done(request, NO_REPLICA)
             return
-        replica = balancer.replica(ep)
-        request.ticket = balancer.start(ep)
+        replica, request.ticket = routed
         request.attempts += 1
         if not replica.accepts():
             self._answer(request, CONNECT_ERROR, replica)
@@ -64,12 +64,11 @@ class FrontWorker:
         else:
             replica.receive(request)
 
-    def answer(self, request: Request, status: int, replica: SimReplica) -> None:
-        """A replica's answer for ``request`` (called by the replica, possibly after a network delay)."""
-        if self._network_s and status != CONNECT_ERROR:
-            self.loop.after(self._network_s, self._answered, (request, status, replica))
-        else:
+    def _delayed_answer(self, request: Request, status: int, replica: SimReplica) -> None:
+        if status == CONNECT_ERROR:
             self._answer(request, status, replica)
+        else:
+            self.loop.after(self._network_s, self._answered, (request, status, replica))
 
     def _answered(self, args: tuple[Request, int, SimReplica]) -> None:
         self._answer(*args)

@@ -117,20 +117,14 @@ class SimBalancer(Generic[R]):
     def names(self) -> list[str]:
         return list(self._endpoints)
 
-    def pick(self, exclude: Collection[Ticket] = ()) -> Endpoint | None:
-        """An endpoint for the next attempt, avoiding the endpoints of earlier ``exclude`` attempts."""
-        return self._balancer.pick(_CTX, [t.endpoint for t in exclude] if exclude else ())
-
-    def replica(self, ep: Endpoint) -> R:
-        return self._replicas[ep.url]
-
-    def start(self, ep: Endpoint) -> Ticket:
-        return self._balancer.start(ep)
-
-    @staticmethod
-    def finish(ticket: Ticket, *, status: int | None, connect_error: bool = False,
-               headers: Mapping[str, str] | None = None) -> None:
-        ticket.finish(status=status, connect_error=connect_error, headers=headers)
+    def route(self, exclude: Collection[Ticket] = ()) -> tuple[R, Ticket] | None:
+        """Pick a replica for the next attempt (none of the earlier attempts' ``exclude``) and mark the request
+        in flight there; None when no replica may take it."""
+        balancer = self._balancer
+        ep = balancer.pick(_CTX, [t.endpoint for t in exclude] if exclude else ())
+        if ep is None:
+            return None
+        return self._replicas[ep.url], balancer.start(ep)
 
     def describe(self) -> list[dict[str, object]]:
         return self._balancer.snapshot()

@@ -113,10 +113,17 @@ class Server:
             self._queue.append((work, done, arg))
             return
         self._done, self._job_arg = done, arg
-        self.started_at = self._loop.now
+        now = self._loop.now
+        self.started_at = now
         self._remaining = work
-        if not self._paused:
-            self._run()
+        if self._paused:
+            return
+        host = self._host
+        if not host._roomy:
+            host._changed(self, True)
+        self._finish_at = now + work / host._speed
+        self._token += 1
+        self._loop.schedule(self._finish_at, self._complete, self._token)
 
     def _run(self) -> None:
         host = self._host
