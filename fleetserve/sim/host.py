@@ -12,6 +12,11 @@ fleet has its own host, which is never oversubscribed, so its servers take the f
 
 A paused server (SIGSTOP of its process, see :mod:`fleetserve.sim.faults`) keeps its job but makes no
 progress and demands nothing, which leaves more capacity to the others on its host.
+
+Fast path: a server on a host that is never oversubscribed, and that no fault will pause or abort, knows each
+job's finish time when the job is submitted (after the previous job's finish, FIFO), so it schedules the
+caller's callback for then directly. Only servers marked :meth:`Server.interruptible` (fault targets) or on a
+shared host keep a queue and reschedule.
 """
 
 from __future__ import annotations
@@ -28,9 +33,10 @@ Done = Callable[[Any], None]
 class Host:
     """Capacity shared by the servers placed on it; see the module docstring."""
 
-    __slots__ = ("_attached", "_loop", "_roomy", "_running", "_speed", "background", "capacity", "name")
+    __slots__ = ("_attached", "_loop", "_roomy", "_running", "_shared", "_speed", "background", "capacity", "name")
 
-    def __init__(self, loop: EventLoop, capacity: float, *, background: float = 0.0, name: str = "") -> None:
+    def __init__(self, loop: EventLoop, capacity: float, *, background: float = 0.0, shared: bool = False,
+                 name: str = "") -> None:
         if capacity <= 0:
             raise ValueError(f"host capacity must be > 0, got {capacity}")
         if not 0 <= background < capacity:
@@ -42,12 +48,13 @@ class Host:
         self._running: set[Server] = set()
         self._speed = 1.0
         self._attached = 0.0
-        self._roomy = True
+        self._shared = shared  # servers may join later: never assume it stays roomy
+        self._roomy = not shared
 
     def _attach(self, demand: float) -> None:
         self._attached += demand
         # Never oversubscribed: every server always runs at full speed and nothing is ever rescheduled.
-        self._roomy = self._attached <= self.capacity - self.background
+        self._roomy = not self._shared and self._attached <= self.capacity - self.background
 
     @property
     def speed(self) -> float:
@@ -77,8 +84,8 @@ class Server:
     """A FIFO single server on a host; ``submit`` a job, get ``done(arg)`` called when it finishes."""
 
     __slots__ = (
-        "_done", "_finish_at", "_host", "_job_arg", "_loop", "_paused", "_queue", "_remaining", "_token",
-        "busy_time", "demand", "name", "started_at",
+        "_done", "_fast", "_finish_at", "_free_at", "_host", "_job_arg", "_loop", "_paused", "_queue", "_remaining",
+        "_token", "_worked", "busy_time", "demand", "name", "started_at",
     )
 
     def __init__(self, loop: EventLoop, host: Host, *, demand: float = 1.0, name: str = "") -> None:
@@ -98,17 +105,42 @@ class Server:
         self._paused = False
         self.started_at = 0.0
         self.busy_time = 0.0
+        # Fast path (see the module docstring), decided at the first job: work submitted so far, and when the
+        # last of it finishes.
+        self._fast: bool | None = None
+        self._free_at = 0.0
+        self._worked = 0.0
+
+    def interruptible(self) -> None:
+        """Allow :meth:`pause` and :meth:`abort` (faults); call before the first job."""
+        if self._fast:
+            raise RuntimeError(f"server {self.name} already took jobs on its fast path")
+        self._fast = False
+
+    def busy_seconds(self) -> float:
+        """Seconds spent on jobs up to now."""
+        now = self._loop.now
+        if self._fast:
+            return self._worked - max(0.0, self._free_at - now)
+        return self.busy_time + (now - self.started_at if self._done is not None else 0.0)
 
     @property
     def busy(self) -> bool:
+        if self._fast:
+            return self._free_at > self._loop.now
         return self._done is not None
 
-    @property
-    def backlog(self) -> int:
-        """Jobs waiting behind the one running."""
-        return len(self._queue)
-
     def submit(self, work: float, done: Done, arg: Any = None) -> None:
+        fast = self._fast
+        if fast is None:
+            fast = self._fast = self._host._roomy
+        if fast:
+            now = self._loop.now
+            free_at = self._free_at
+            self._free_at = finish = (free_at if free_at > now else now) + work
+            self._worked += work
+            self._loop.schedule(finish, done, arg)
+            return
         if self._done is not None:
             self._queue.append((work, done, arg))
             return
@@ -161,6 +193,8 @@ class Server:
 
     def pause(self) -> None:
         """Stop making progress (the process got SIGSTOP); the job in hand waits."""
+        if self._fast:
+            raise RuntimeError(f"server {self.name} was not made interruptible before its first job")
         if self._paused:
             return
         self._paused = True
@@ -180,6 +214,8 @@ class Server:
 
     def abort(self) -> list[Any]:
         """Drop the job in hand and every queued one (the process died); returns their args."""
+        if self._fast:
+            raise RuntimeError(f"server {self.name} was not made interruptible before its first job")
         lost = [arg for _, _, arg in self._queue]
         self._queue.clear()
         if self._done is not None:

@@ -157,6 +157,11 @@ class SimReplica:
             self._reply(request, RESET, self)
         return lost
 
+    def interruptible(self) -> None:
+        """Let faults pause or crash this replica's servers (see :meth:`fleetserve.sim.host.Server.interruptible`)."""
+        for server in self.servers:
+            server.interruptible()
+
     def pause(self) -> None:
         for server in self.servers:
             server.pause()
@@ -169,5 +174,4 @@ class SimReplica:
         """Mean busy share of the engine instances over ``elapsed_s``."""
         if elapsed_s <= 0:
             return 0.0
-        busy = sum(s.busy_time + (self.loop.now - s.started_at if s.busy else 0.0) for s in self.instances)
-        return busy / (elapsed_s * len(self.instances))
+        return sum(s.busy_seconds() for s in self.instances) / (elapsed_s * len(self.instances))

@@ -35,7 +35,7 @@ class Simulation:
         seed = config.seed
         self._rng = {name: random.Random(f"{seed}:{name}") for name in ("arrivals", "lengths", "front", "faults")}
         self._shared = (
-            Host(self.loop, config.shared_host_cores, background=config.background_cores, name="shared")
+            Host(self.loop, config.shared_host_cores, background=config.background_cores, shared=True, name="shared")
             if config.shared_host_cores is not None else None
         )
         gateway_host = self._shared or Host(self.loop, config.gateway_workers, name="gateway")
@@ -52,6 +52,8 @@ class Simulation:
         for group in config.groups:
             for _ in range(group.replicas):
                 self._add_replica(group, READY)
+        self._faults = self._targets()
+        self._probe_streaks: dict[str, int] = {}
         self._recorder = Recorder(config.warmup_s)
         self._sampler = config.length_mix().sampler(self._rng["lengths"])
         self._arrivals: Iterator[Arrival] = config.arrivals.source(self._rng["arrivals"])
@@ -133,14 +135,24 @@ class Simulation:
 
     # periodic work: health checks, scaling
     def _health_round(self, _: object = None) -> None:
+        """Every gateway worker probes every replica, as the health checker does each interval.
+
+        Once a replica passed ``healthy_threshold`` probes in a row, more passing probes change nothing in any
+        balancer (it is healthy, its failure count is zero), so they are not delivered until one fails: with
+        a hundred workers and a thousand replicas that is most of a run's probe calls.
+        """
         if self._finished:
             return
-        by_name = {r.name: r for r in self.replicas}
-        for worker in self.workers:
-            balancer = worker.balancer
-            for name in balancer.names():
-                replica = by_name.get(name)
-                balancer.probe(name, replica is not None and replica.state == READY)
+        threshold = self.config.balancer.healthy_threshold
+        streaks = self._probe_streaks
+        for replica in self.replicas:
+            ok = replica.state == READY
+            streak = streaks.get(replica.name, 0)
+            if ok and streak >= threshold:
+                continue
+            streaks[replica.name] = streak + 1 if ok else 0
+            for worker in self.workers:
+                worker.balancer.probe(replica.name, ok)
         self.loop.after(self.config.balancer.health_interval_s, self._health_round)
 
     def _scale_tick(self, _: object = None) -> None:
@@ -150,7 +162,7 @@ class Simulation:
         interval = scaling.interval_s
         ready = [r for r in self.replicas if r.state in (READY, DOWN)]
         starting = [r for r in self.replicas if r.state == STARTING]
-        busy = sum(s.busy_time for r in ready for s in r.instances)
+        busy = sum(s.busy_seconds() for r in ready for s in r.instances)
         slots = sum(len(r.instances) for r in ready) or 1
         latencies = self._recorder.latencies[self._tick_latencies:]
         snapshot = FleetSnapshot(
@@ -183,15 +195,20 @@ class Simulation:
         self.replicas.remove(replica)
 
     # faults
-    def _inject(self, fault: Fault) -> None:
-        targets = [self.replicas[i] for i in fault.targets(len(self.replicas), self._rng["faults"])]
-        for replica in targets:
-            if fault.kind == "throttle":
-                self.loop.schedule(fault.at_s, self._stop, (replica, fault))
-            elif fault.kind == "crash":
-                self.loop.schedule(fault.at_s, self._crash, (replica, fault))
-            else:
-                self.loop.schedule(fault.at_s, self._slow, (replica, fault))
+    def _targets(self) -> list[tuple[Fault, list[SimReplica]]]:
+        targets = []
+        for fault in self.config.faults:
+            hit = [self.replicas[i] for i in fault.targets(len(self.replicas), self._rng["faults"])]
+            if fault.kind in ("throttle", "crash"):
+                for replica in hit:
+                    replica.interruptible()
+            targets.append((fault, hit))
+        return targets
+
+    def _inject(self, fault: Fault, replicas: list[SimReplica]) -> None:
+        action = {"throttle": self._stop, "crash": self._crash, "slow": self._slow}[fault.kind]
+        for replica in replicas:
+            self.loop.schedule(fault.at_s, action, (replica, fault))
 
     def _stop(self, args: tuple[SimReplica, Fault]) -> None:
         replica, fault = args
@@ -227,8 +244,8 @@ class Simulation:
             for worker in self.workers:
                 worker.balancer.enable_active_health()
             self._health_round()
-        for fault in cfg.faults:
-            self._inject(fault)
+        for fault, replicas in self._faults:
+            self._inject(fault, replicas)
         if cfg.scaling is not None:
             self.loop.after(cfg.scaling.interval_s, self._scale_tick)
         self._next_arrival()

@@ -21,7 +21,32 @@ def test_a_server_runs_jobs_one_at_a_time_in_order() -> None:
     done = _finishes(loop, server, [1.0, 2.0, 0.5])
     loop.run()
     assert done == [1.0, 3.0, 3.5]
-    assert server.busy_time == pytest.approx(3.5)
+    assert server.busy_seconds() == pytest.approx(3.5)
+
+
+def test_the_fast_path_and_the_general_path_agree() -> None:
+    for interruptible in (False, True):
+        loop = EventLoop()
+        server = Server(loop, Host(loop, 1.0))
+        if interruptible:
+            server.interruptible()
+        first = _finishes(loop, server, [0.3, 0.2], at=0.0)
+        later = _finishes(loop, server, [0.4], at=1.0)
+        busy: list[float] = []
+        loop.schedule(1.2, lambda _, s=server, b=busy: b.append(s.busy_seconds()))
+        loop.run()
+        assert first == [pytest.approx(0.3), pytest.approx(0.5)] and later == [pytest.approx(1.4)]
+        assert busy == [pytest.approx(0.7)]
+
+
+def test_a_fast_path_server_refuses_faults() -> None:
+    loop = EventLoop()
+    server = Server(loop, Host(loop, 1.0))
+    server.submit(1.0, lambda _: None)
+    with pytest.raises(RuntimeError, match="interruptible"):
+        server.pause()
+    with pytest.raises(RuntimeError):
+        server.interruptible()
 
 
 def test_two_servers_on_one_core_share_it_equally() -> None:
@@ -62,6 +87,7 @@ def test_a_paused_server_makes_no_progress_and_frees_the_host() -> None:
 def test_abort_returns_everything_in_hand_and_nothing_completes() -> None:
     loop = EventLoop()
     server = Server(loop, Host(loop, 1.0))
+    server.interruptible()
     done = _finishes(loop, server, [1.0, 1.0])
     loop.schedule(0.5, lambda _: lost.extend(server.abort()))
     lost: list[object] = []
