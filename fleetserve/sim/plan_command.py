@@ -76,7 +76,7 @@ def table(plans: list[ProfilePlan], qps: float) -> str:
         p, best = plan.profile, plan.best
         name = p.name + (" (derived)" if p.derived_from else "")
         if best is None:
-            lines.append(f"| {name} | none ≤ max | — | — | — | — | {plan.gateway_workers} | — | — |")
+            lines.append(f"| {name} | none | — | — | — | — | {plan.gateway_workers} | — | — |")
             continue
         hourly = None if p.cost_per_hour is None else best.replicas * p.cost_per_hour
         r = best.result
@@ -107,7 +107,7 @@ def plan_json(plans: list[ProfilePlan], config: PlanConfig, weights: dict[str, i
         "profiles": [{
             "name": p.profile.name, "derived_from": p.profile.derived_from, "measured_at": p.profile.measured_at,
             "cost_per_hour": p.profile.cost_per_hour, "gateway_workers": p.gateway_workers,
-            "best": trial(p.best) if p.best else None,
+            "best": trial(p.best) if p.best else None, "reason": p.reason or None,
             "cost_per_million_requests": p.cost_per_million(config.qps),
             "policies_at_best_size": [trial(t) for t in p.policies],
             "trials": [trial(t) for t in p.trials],
@@ -144,6 +144,8 @@ def run(args: PlanOptions) -> int:
         if plan.best is not None:
             print(f"\n{plan.profile.name}: every policy at {plan.best.replicas} replicas\n")
             print(policy_table(plan))
+        else:
+            print(f"\n{plan.profile.name}: no fleet holds the SLO: {plan.reason}")
         if plan.profile.derived_from:
             print(f"\n{plan.profile.name} is derived, not measured: {plan.profile.derived_from}")
     if weights:

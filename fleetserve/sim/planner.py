@@ -1,7 +1,8 @@
 """The capacity planner: the smallest fleet of each profile that holds a p99 SLO at a given load.
 
 For each profile: a lower bound from the engine's best throughput (full batches of the mix's mean length,
-every instance busy: no fleet smaller than ``qps / that`` can keep up), then doubling until a simulated run
+every instance busy: no fleet smaller than ``qps / that`` can keep up) — or no answer at all when one request
+alone, on an idle fleet, is slower than the SLO at p99 (:func:`latency_floor`) — then doubling until a simulated run
 with the default policy holds the SLO, then a binary search between the last size that failed and the first
 that held (p99 falls as replicas are added). At that size every candidate policy is simulated; a policy that
 still holds one replica smaller wins outright, otherwise the lowest p99 wins. A run *holds* when its p99 is
@@ -80,12 +81,45 @@ class ProfilePlan:
     policies: tuple[Trial, ...]  # every policy at the chosen size
     trials: tuple[Trial, ...]  # every run, in order
     gateway_workers: int
+    reason: str = ""  # why there is no answer, when there is none
 
     def cost_per_million(self, qps: float) -> float | None:
         cost = self.profile.cost_per_hour
         if self.best is None or cost is None:
             return None
         return self.best.replicas * cost / (qps * 3600.0) * 1e6
+
+
+def latency_floor(profile: Profile, *, rows: int = 1, tokens: int | None = None) -> float:
+    """The 99th percentile of one request's time alone — its length's batch of one on an idle engine, drawn as
+    the simulator draws it, over the request mix — plus the replica's and the gateway's CPU. A request's
+    latency is at least that, so no fleet size gets p99 below it."""
+    mix = profile.lengths if tokens is None else LengthMix.fixed(tokens)
+    pad = profile.seq_buckets if profile.pad_to_bucket else ()
+    total = sum(mix.weights)
+    parts = []
+    for length, weight in zip(mix.values, mix.weights, strict=True):
+        seq = min(length, profile.max_seq)
+        seq = next((b for b in pad if b >= seq), seq)
+        mean, cv = profile.timing(rows, seq)
+        sigma = math.sqrt(math.log1p(cv * cv))
+        parts.append((weight / total, mean, math.log(mean) - sigma * sigma / 2, sigma))
+
+    def below(x: float) -> float:
+        """Share of requests whose time alone is at most ``x`` (a mixture of lognormals)."""
+        share = 0.0
+        for w, mean, mu, sigma in parts:
+            if sigma == 0:
+                share += w if x >= mean else 0.0
+            else:
+                share += w * 0.5 * (1 + math.erf((math.log(x) - mu) / (sigma * math.sqrt(2))))
+        return share
+
+    low, high = 0.0, 20 * max(mean for _, mean, _, _ in parts)
+    for _ in range(60):
+        mid = (low + high) / 2
+        low, high = (mid, high) if below(mid) < 0.99 else (low, mid)
+    return high + profile.replica_cpu_s + profile.gateway_cpu_s
 
 
 def gateway_workers(profile: Profile, qps: float) -> int:
@@ -149,13 +183,19 @@ class Planner:
             trials.append(self.trial(profile, n, policy))
             return trials[-1]
 
+        floor = latency_floor(profile, rows=cfg.rows, tokens=cfg.tokens)
+        if floor > cfg.slo_p99_s:
+            reason = (f"one request alone takes {floor * 1e3:.1f} ms at p99 for this mix (engine at batch 1 plus "
+                      f"replica and gateway CPU): no fleet holds a p99 of {cfg.slo_p99_s * 1e3:g} ms")
+            self._progress(f"{profile.name}: {reason}")
+            return ProfilePlan(profile, None, (), (), workers, reason)
         best_rate = replica_capacity(profile, cfg.batcher, cfg.instances, rows=cfg.rows, tokens=cfg.tokens)
         low = max(1, math.floor(cfg.qps / best_rate))
         failed, n = low - 1, low
         while not run(n).holds:
             failed = n
             if n >= cfg.max_replicas:
-                return ProfilePlan(profile, None, (), tuple(trials), workers)
+                return ProfilePlan(profile, None, (), tuple(trials), workers, f"none of up to {n} replicas held it")
             n = min(cfg.max_replicas, n * 2)
         held = n
         while held - failed > 1:

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from fleetserve.batching.config import BatcherConfig
-from fleetserve.sim.planner import PlanConfig, Planner, derived_weights, replica_capacity
+from fleetserve.sim.planner import PlanConfig, Planner, derived_weights, latency_floor, replica_capacity
 from tests.sim.support import linear_profile
 
 NO_BATCHING = BatcherConfig(max_batch=1, max_delay_s=0.0)
@@ -35,10 +35,10 @@ def test_the_smallest_fleet_holding_the_slo_is_found() -> None:
 
 
 def test_no_fleet_within_the_limit_is_reported_as_none() -> None:
-    config = PlanConfig(qps=5000, slo_p99_s=0.0005, requests=2000, batcher=NO_BATCHING, max_replicas=4,
+    config = PlanConfig(qps=5000, slo_p99_s=0.010, requests=2000, batcher=NO_BATCHING, max_replicas=4,
                         gateway_workers=1, policies=("round-robin",))
     plan = Planner(config).plan(linear_profile(base_s=0.001))
-    assert plan.best is None and plan.trials
+    assert plan.best is None and plan.trials and "4 replicas" in plan.reason
 
 
 def test_weights_follow_capacity() -> None:
@@ -54,3 +54,13 @@ def test_bad_plan_settings_are_refused(kw: dict[str, object]) -> None:
     base.update(kw)
     with pytest.raises(ValueError):
         PlanConfig(**base)  # type: ignore[arg-type]
+
+
+def test_an_slo_below_one_requests_own_time_has_no_answer_and_runs_nothing() -> None:
+    slow = linear_profile(base_s=0.060, replica_cpu_s=0.001)
+    config = PlanConfig(qps=100, slo_p99_s=0.050, requests=2000, batcher=NO_BATCHING, gateway_workers=1)
+    plan = Planner(config).plan(slow)
+    assert plan.best is None and plan.trials == () and "61.0 ms" in plan.reason
+    assert latency_floor(slow) == pytest.approx(0.061)
+    spread = linear_profile(base_s=0.010, cv=0.5)
+    assert 0.010 * 2 < latency_floor(spread) < 0.010 * 4  # a lognormal's p99 with CV 0.5 is ~2.9x its mean
