@@ -155,10 +155,11 @@ class Planner:
     def sim_config(self, profile: Profile, replicas: int, policy: str, *, qps: float | None = None,
                    requests: int | None = None) -> SimConfig:
         cfg = self.config
+        rate, count = qps or cfg.qps, requests or cfg.requests
         return SimConfig(
             groups=(ReplicaGroup(profile, replicas, instances=cfg.instances),),
-            arrivals=ArrivalConfig("poisson", rate=qps or cfg.qps), requests=requests or cfg.requests,
-            warmup_s=cfg.warmup_s, balancer=BalancerConfig(policy=policy),
+            arrivals=ArrivalConfig("poisson", rate=rate), requests=count,
+            warmup_s=min(cfg.warmup_s, 0.2 * count / rate), balancer=BalancerConfig(policy=policy),
             batcher=replace(cfg.batcher, max_batch=min(cfg.batcher.max_batch, profile.max_batch)),
             gateway_workers=cfg.gateway_workers or gateway_workers(profile, cfg.qps), faults=cfg.faults,
             replica_cores=cfg.replica_cores, rows=cfg.rows,
@@ -191,6 +192,9 @@ class Planner:
             return ProfilePlan(profile, None, (), (), workers, reason)
         best_rate = replica_capacity(profile, cfg.batcher, cfg.instances, rows=cfg.rows, tokens=cfg.tokens)
         low = max(1, math.floor(cfg.qps / best_rate))
+        if low > cfg.max_replicas:
+            reason = f"keeping up needs at least {low} replicas, more than --max-replicas {cfg.max_replicas}"
+            return ProfilePlan(profile, None, (), (), workers, reason)
         failed, n = low - 1, low
         while not run(n).holds:
             failed = n

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 import pytest
 
 from fleetserve.batching.config import BatcherConfig
@@ -35,10 +37,12 @@ def test_the_smallest_fleet_holding_the_slo_is_found() -> None:
 
 
 def test_no_fleet_within_the_limit_is_reported_as_none() -> None:
-    config = PlanConfig(qps=5000, slo_p99_s=0.010, requests=2000, batcher=NO_BATCHING, max_replicas=4,
+    config = PlanConfig(qps=3000, slo_p99_s=0.002, requests=3000, batcher=NO_BATCHING, max_replicas=4,
                         gateway_workers=1, policies=("round-robin",))
-    plan = Planner(config).plan(linear_profile(base_s=0.001))
-    assert plan.best is None and plan.trials and "4 replicas" in plan.reason
+    plan = Planner(config).plan(linear_profile(base_s=0.001, cv=0.3))
+    assert plan.best is None and [t.replicas for t in plan.trials] == [3, 4] and "4 replicas" in plan.reason
+    too_many = Planner(replace(config, qps=5000)).plan(linear_profile(base_s=0.001))
+    assert too_many.best is None and too_many.trials == () and "at least 5 replicas" in too_many.reason
 
 
 def test_weights_follow_capacity() -> None:
