@@ -9,9 +9,10 @@ For 2 and 4 real ``minilm`` int8 replicas on this machine behind our gateway (``
 3. the simulator on the same fleet: the CPU profile (``fleetserve profile minilm --precision int8 --threads 1``,
    measured first unless ``--profile`` is given; one intra-op thread is what ``fleetserve up`` gives each replica
    here), every replica's event loop and engine thread and the gateway sharing this machine's cores
-   (``shared_host_cores``) with a background load: the load generator's CPU per request (measured in the
-   capacity run) times the rate, plus what other processes used in the 2 s before the run (the machine is
-   shared); the same policy, health interval, batcher settings, arrival process and warm-up.
+   (``shared_host_cores``) under processor sharing with a background demand: the load generator's CPU per
+   request (measured in the capacity run) times the rate, plus what other processes used in the 2 s before
+   the run (the machine is shared); the same policy, health interval, batcher settings, arrival process and
+   warm-up.
 
 Profile on a quiet machine: engine times measured while others compete for the cores are inflated, and the
 prediction then counts that competition twice.
@@ -145,7 +146,7 @@ async def validate(args: argparse.Namespace, profile: Profile) -> list[Row]:
             print(f"-- {replicas} replicas, {name}: {rate:.0f} req/s, load average {loadavg()}, "
                   f"other processes {others:.2f} cores", flush=True)
             measured = (await run_scenario(scenario(rate=rate, fault="throttle" if throttle else "none"))).report
-            background = min(rate * generator_cpu_per_request + others, 0.9 * (os.cpu_count() or 1))
+            background = rate * generator_cpu_per_request + others
             rps, p50, p99 = predict(profile, replicas, rate, args.duration, background, throttle, args.seed)
             row = Row(replicas, name, rate, measured.achieved_rps, rps, measured.percentile(50) * 1e3, p50,
                       measured.percentile(99) * 1e3, p99, measured.errors, background)

@@ -35,9 +35,10 @@ class SimConfig:
     Placement: by default every replica has its own host (its event loop and engine instances never
     compete with other replicas) and the gateway workers have a core each. ``shared_host_cores`` puts the
     gateway and every replica's CPU work on one host of that many cores instead (a local fleet on one
-    machine, as in the validation runs), with ``background_cores`` of it taken by other processes (the load
-    generator). ``replica_cores`` sizes each replica's own host (default: its engine threads plus one core
-    for the event loop).
+    machine, as in the validation runs), shared with ``background_cores`` of demand from other processes
+    (the load generator, other tenants) under processor sharing (:mod:`fleetserve.sim.host`).
+    ``replica_cores`` sizes each replica's own host (default: its engine threads plus one core for the
+    event loop).
     """
 
     groups: tuple[ReplicaGroup, ...]
@@ -74,8 +75,6 @@ class SimConfig:
             raise ValueError("gateway_cpu_s must be >= 0")
         if not 0 <= self.max_retries <= 3:
             raise ValueError(f"max_retries must be in 0..3, got {self.max_retries}")
-        if self.shared_host_cores is not None and not self.background_cores < self.shared_host_cores:
-            raise ValueError("background_cores must be below shared_host_cores")
         if self.replica_cores is not None and self.replica_cores <= 0:
             raise ValueError("replica_cores must be > 0")
         if not 1 <= self.rows <= self.batcher.max_batch:

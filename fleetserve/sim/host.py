@@ -4,11 +4,13 @@ whose capacity they share.
 A :class:`Server` runs one job at a time, first in first out; a job is an amount of *work* in seconds, the
 time it takes on an otherwise idle host. A :class:`Host` has ``capacity`` units (CPU cores, or for a GPU how
 many engine instances' worth of work it overlaps, measured by ``fleetserve profile``); each running server
-demands ``demand`` units (an ONNX Runtime session with 2 intra-op threads demands 2 cores). When the running
-demand exceeds the capacity left after ``background`` load, every running server slows down by the same
-factor: egalitarian processor sharing, the standard model of a time-sliced CPU (Kleinrock, "Queueing
-Systems" vol. 2, §4.4). Two replicas and a gateway on a 2-core box are one host; a GPU replica in a large
-fleet has its own host, which is never oversubscribed, so its servers take the fast path (no rescheduling).
+demands ``demand`` units (an ONNX Runtime session with 2 intra-op threads demands 2 cores), and
+``background`` is the demand of processes outside the simulation that compete for the same capacity (a load
+generator, other tenants of a shared machine). When the running demand plus the background exceeds the
+capacity, every running server slows down by the same factor, ``capacity / (demand + background)``:
+egalitarian processor sharing, the standard model of a time-sliced CPU (Kleinrock, "Queueing Systems" vol. 2,
+§4.4). Two replicas and a gateway on a 2-core box are one host; a GPU replica in a large fleet has its own
+host, which is never oversubscribed, so its servers take the fast path (no rescheduling).
 
 A paused server (SIGSTOP of its process, see :mod:`fleetserve.sim.faults`) keeps its job but makes no
 progress and demands nothing, which leaves more capacity to the others on its host.
@@ -39,8 +41,8 @@ class Host:
                  name: str = "") -> None:
         if capacity <= 0:
             raise ValueError(f"host capacity must be > 0, got {capacity}")
-        if not 0 <= background < capacity:
-            raise ValueError(f"host background load must be in [0, capacity), got {background}")
+        if background < 0:
+            raise ValueError(f"host background demand must be >= 0, got {background}")
         self._loop = loop
         self.capacity = capacity
         self.background = background
@@ -61,9 +63,8 @@ class Host:
         return self._speed
 
     def _target_speed(self) -> float:
-        demand = sum(s.demand for s in self._running)
-        free = self.capacity - self.background
-        return 1.0 if demand <= free else free / demand
+        demand = sum(s.demand for s in self._running) + self.background
+        return 1.0 if demand <= self.capacity else self.capacity / demand
 
     def _changed(self, server: Server, running: bool) -> None:
         if running:

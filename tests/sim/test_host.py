@@ -67,7 +67,7 @@ def test_background_load_and_demand_set_the_speed() -> None:
     server = Server(loop, host, demand=2.0)
     done = _finishes(loop, server, [1.0])
     loop.run()
-    assert done == [pytest.approx(2.0)]  # demands 2 cores, 1 is free
+    assert done == [pytest.approx(1.5)]  # 2 cores shared by a demand of 3: two thirds of full speed
 
 
 def test_a_paused_server_makes_no_progress_and_frees_the_host() -> None:
@@ -100,6 +100,6 @@ def test_bad_capacity_and_demand_are_refused() -> None:
     with pytest.raises(ValueError):
         Host(loop, 0.0)
     with pytest.raises(ValueError):
-        Host(loop, 1.0, background=1.0)
+        Host(loop, 1.0, background=-1.0)
     with pytest.raises(ValueError):
         Server(loop, Host(loop, 1.0), demand=0.0)
