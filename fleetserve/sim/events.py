@@ -3,7 +3,7 @@
 Why not SimPy: SimPy (process generators, ``Event`` objects, ``Resource`` queues) is the well-kept library for
 this, and ``tests/sim/test_events.py`` checks this core against it on the same queue. But the scale target is
 1,000 replicas × 1,000,000 requests in ≤ 60 s on a 2-core machine, and on that target's event pattern
-(``benchmarks/sim_core.py``; BENCHMARKS.md §7) SimPy took about 7× the CPU time of this loop before any fleet
+(``benchmarks/sim_core.py``; BENCHMARKS.md §8) SimPy took about 7× the CPU time of this loop before any fleet
 logic ran: each SimPy step allocates an event, resumes a generator and walks callback lists, where a step here
 is one ``heappop`` and one call. The fleet's state machines (replica, gateway worker, server) are plain objects
 that schedule their own next callback, so nothing needs coroutines.
