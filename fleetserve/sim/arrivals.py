@@ -121,17 +121,6 @@ class ArrivalConfig:
             return cls(kind, rate, trace=Path(arg))
         return cls(kind, rate)
 
-    def mean_rate(self, horizon_s: float) -> float:
-        """Average requests/s over ``[0, horizon_s]`` (for a trace: over the whole trace)."""
-        if self.kind == "ramp":
-            steps = 1000
-            return sum(ramp_rate(self.ramp, horizon_s * (i + 0.5) / steps) for i in range(steps)) / steps
-        if self.kind == "trace":
-            assert self.trace is not None
-            arrivals = read_trace(self.trace)
-            return len(arrivals) / max(arrivals[-1][0], 1e-9)
-        return self.rate
-
     def source(self, rng: random.Random) -> Iterator[Arrival]:
         if self.kind == "ramp":
             return ramp(self.ramp, rng)

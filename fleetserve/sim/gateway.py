@@ -23,14 +23,13 @@ from typing import Generic, TypeVar
 
 from fleetserve.gateway.balancer import Balancer, BalancerConfig, Ticket
 from fleetserve.gateway.discovery import Insert, Remove
-from fleetserve.gateway.endpoint import MAX_WEIGHT, Endpoint
+from fleetserve.gateway.endpoint import Endpoint
 from fleetserve.gateway.load import HEADER_INFLIGHT, HEADER_QUEUE_DEPTH
 from fleetserve.gateway.policies import DEFAULT_POLICY, RequestContext, policy_names
 from fleetserve.gateway.retry import RetryBudget
 
 __all__ = [
     "DEFAULT_POLICY",
-    "MAX_WEIGHT",
     "BalancerConfig",
     "Endpoint",
     "SimBalancer",
@@ -91,10 +90,6 @@ class SimBalancer(Generic[R]):
     def retry_budget(self) -> RetryBudget:
         return self._balancer.retry_budget
 
-    @property
-    def panic(self) -> bool:
-        return self._balancer.panic
-
     def enable_active_health(self) -> None:
         self._balancer.enable_active_health()
 
@@ -125,6 +120,3 @@ class SimBalancer(Generic[R]):
         if ep is None:
             return None
         return self._replicas[ep.url], balancer.start(ep)
-
-    def describe(self) -> list[dict[str, object]]:
-        return self._balancer.snapshot()

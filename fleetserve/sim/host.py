@@ -125,12 +125,6 @@ class Server:
             return self._worked - max(0.0, self._free_at - now)
         return self.busy_time + (now - self.started_at if self._done is not None else 0.0)
 
-    @property
-    def busy(self) -> bool:
-        if self._fast:
-            return self._free_at > self._loop.now
-        return self._done is not None
-
     def submit(self, work: float, done: Done, arg: Any = None) -> None:
         fast = self._fast
         if fast is None:

@@ -92,7 +92,7 @@ def test_abort_returns_everything_in_hand_and_nothing_completes() -> None:
     loop.schedule(0.5, lambda _: lost.extend(server.abort()))
     lost: list[object] = []
     loop.run()
-    assert done == [] and len(lost) == 2 and not server.busy
+    assert done == [] and len(lost) == 2 and server.busy_seconds() == 0.0
 
 
 def test_bad_capacity_and_demand_are_refused() -> None:
