@@ -144,10 +144,11 @@ class _Spec:
         return dataclasses.MISSING
 
     def help(self) -> str:
+        """The ``--help`` line (argparse %-formats help strings, so a literal ``%`` is doubled here)."""
         text = self.option.help
-        if self.option.required:
-            return text
-        return f"{text} (default: {self.option.default_text or _show(self.default())})"
+        if not self.option.required:
+            text = f"{text} (default: {self.option.default_text or _show(self.default())})"
+        return text.replace("%", "%%")
 
     def parse_text(self, text: str, origin: str) -> Any:
         """A value from text (an environment variable's; a list is comma-separated), UsageError naming ``origin``."""

@@ -30,7 +30,7 @@ class Inner:
 @dataclass(frozen=True)
 class Outer:
     name: str = option("x", "the name", positional=True)
-    delay_ms: float = option(2.0, "how long")
+    delay_ms: float = option(2.0, "how long (at most 100%)")
     limit: int | None = option(None, "at most", default_text="no limit")
     verbose: bool = option(False, "say more")
     backend: tuple[str, ...] = option((), "a backend (repeatable)")
@@ -127,8 +127,8 @@ def test_help_shows_every_option_with_its_default(capsys: pytest.CaptureFixture[
     add_options(parser, Outer)
     parser.print_help()
     text = " ".join(capsys.readouterr().out.split())
-    for needle in ("--delay-ms MS how long (default: 2.0)", "at most (default: no limit)", "inner things:",
-                   "--color {red,blue}", "--verbose, --no-verbose say more (default: off)"):
+    for needle in ("--delay-ms MS how long (at most 100%) (default: 2.0)", "at most (default: no limit)",
+                   "inner things:", "--color {red,blue}", "--verbose, --no-verbose say more (default: off)"):
         assert needle in text
     assert "hidden" not in text
 

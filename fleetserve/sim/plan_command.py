@@ -49,8 +49,8 @@ class PlanOptions:
     max_delay_ms: float = option(2.0, "the replicas' --max-delay-ms")
     gateway_workers: int | None = option(None, "gateway worker processes",
                                          default_text="enough to keep each at half its CPU")
-    fault: tuple[Fault, ...] = option((), "inject a fault in every run (repeatable): throttle:1%%, crash:0@5, "
-                                          "slow:2%%x3", parse=Fault.parse, metavar="KIND:TARGETS[xF][@S]")
+    fault: tuple[Fault, ...] = option((), "inject a fault in every run (repeatable): throttle:1%, crash:0@5, "
+                                          "slow:2%x3", parse=Fault.parse, metavar="KIND:TARGETS[xF][@S]")
     max_replicas: int = option(5000, "give up above this fleet size")
     seed: int = option(0, "seed of every random choice in the simulation")
     out: Path | None = option(None, "write the plan as JSON", metavar="FILE.json")
