@@ -14,7 +14,7 @@ import argparse
 import uvloop
 from aiohttp import web
 
-from fleetserve.gateway.upstream import PoolConfig, UpstreamPool
+from fleetserve.gateway.forward.upstream import PoolConfig, UpstreamPool
 
 _SKIP = frozenset({"host", "content-length", "connection", "keep-alive", "transfer-encoding"})
 

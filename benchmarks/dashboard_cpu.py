@@ -32,10 +32,10 @@ from fleetserve.deploy.local import free_port
 from fleetserve.engine.builder import build
 from fleetserve.fleet.config import FleetConfig, replica_config
 from fleetserve.fleet.supervisor import Supervisor
-from fleetserve.gateway.balancer import Balancer, BalancerConfig
+from fleetserve.gateway.balance.balancer import Balancer, BalancerConfig
+from fleetserve.gateway.balance.discovery import Insert
+from fleetserve.gateway.balance.endpoint import Endpoint
 from fleetserve.gateway.dashboard.sampler import FleetSampler
-from fleetserve.gateway.discovery import Insert
-from fleetserve.gateway.endpoint import Endpoint
 from fleetserve.gateway.metrics import GatewayMetrics
 
 

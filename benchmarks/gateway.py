@@ -34,7 +34,7 @@ from pathlib import Path
 from fleetserve.bench.netns import partition_unavailable
 from fleetserve.bench.scenarios import ScenarioConfig, ScenarioResult, run_scenario
 from fleetserve.deploy.local import ProxyUnavailable, envoy_binary, find_binary
-from fleetserve.gateway.policies import policy_names
+from fleetserve.gateway.balance.policies import policy_names
 
 from _common import machine, markdown_table
 

@@ -17,8 +17,8 @@ from fleetserve.engine.config import MODEL_HELP
 from fleetserve.engine.registry import BACKENDS
 from fleetserve.fleet.config import FleetConfig, gateway_config, replica_config, split_flags
 from fleetserve.fleet.supervisor import Supervisor
+from fleetserve.gateway.balance.policies import DEFAULT_POLICY, POLICIES
 from fleetserve.gateway.config import GatewayConfig
-from fleetserve.gateway.policies import DEFAULT_POLICY, POLICIES
 from fleetserve.options import option, section
 from fleetserve.replica.config import ReplicaConfig
 

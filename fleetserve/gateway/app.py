@@ -16,13 +16,13 @@ from aiohttp import web
 from aiohttp.typedefs import Handler, Middleware
 
 from fleetserve.gateway.admin import add_admin_routes
-from fleetserve.gateway.balancer import Balancer
+from fleetserve.gateway.balance.balancer import Balancer
 from fleetserve.gateway.config import GatewayConfig
 from fleetserve.gateway.edge import app_kwargs
-from fleetserve.gateway.guards import EdgeGuards
+from fleetserve.gateway.edge.guards import EdgeGuards
+from fleetserve.gateway.forward.proxy import REQUEST_ID_HEADER, Proxy
+from fleetserve.gateway.forward.upstream import UpstreamPools
 from fleetserve.gateway.metrics import NO_BACKEND, GatewayMetrics
-from fleetserve.gateway.proxy import REQUEST_ID_HEADER, Proxy
-from fleetserve.gateway.upstream import UpstreamPools
 from fleetserve.telemetry.tracing import IdGenerator, request_id
 
 # The catch-all first: the router tries the resources indexed under "/v2" in this order, and nearly

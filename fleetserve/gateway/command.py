@@ -1,7 +1,7 @@
 """``fleetserve gateway``: balance requests over replicas, behind the edge guards.
 
 The options are :class:`GatewayConfig`'s (listeners, discovery, balancing, hedging) and the edge guards'
-(:class:`~fleetserve.gateway.edge_options.EdgeOptions`, laid over the ``edge:`` section of ``--config``).
+(:class:`~fleetserve.gateway.edge.options.EdgeOptions`, laid over the ``edge:`` section of ``--config``).
 """
 
 from __future__ import annotations
@@ -9,7 +9,7 @@ from __future__ import annotations
 from dataclasses import dataclass, replace
 
 from fleetserve.gateway.config import GatewayConfig
-from fleetserve.gateway.edge_options import EdgeOptions
+from fleetserve.gateway.edge.options import EdgeOptions
 from fleetserve.options import section
 
 
@@ -27,7 +27,7 @@ OPTIONS = GatewayOptions
 
 
 def run(options: GatewayOptions) -> int:
-    from fleetserve.gateway.guards import check_edge
+    from fleetserve.gateway.edge.guards import check_edge
     from fleetserve.gateway.server import run_gateway
 
     config = options.config()

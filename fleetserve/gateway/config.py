@@ -14,11 +14,11 @@ from __future__ import annotations
 from dataclasses import dataclass, field, replace
 
 from fleetserve.eventloop import LOOPS
-from fleetserve.gateway.balancer import BalancerConfig
+from fleetserve.gateway.balance.balancer import BalancerConfig
+from fleetserve.gateway.balance.endpoint import Endpoint
 from fleetserve.gateway.edge.config import EdgeConfig
-from fleetserve.gateway.endpoint import Endpoint
-from fleetserve.gateway.hedge import HedgeConfig
-from fleetserve.gateway.upstream import PoolConfig
+from fleetserve.gateway.forward.hedge import HedgeConfig
+from fleetserve.gateway.forward.upstream import PoolConfig
 from fleetserve.options import option, section
 
 DISCOVERY_KINDS = ("static", "file", "dns")

@@ -27,8 +27,8 @@ from prometheus_client import CollectorRegistry, Counter, Gauge, generate_latest
 from prometheus_client.exposition import CONTENT_TYPE_LATEST
 from prometheus_client.process_collector import ProcessCollector
 
-from fleetserve.gateway.balancer import REMOVED
-from fleetserve.gateway.endpoint import Endpoint
+from fleetserve.gateway.balance.balancer import REMOVED
+from fleetserve.gateway.balance.endpoint import Endpoint
 from fleetserve.telemetry.histogram import LatencyHistogram, Series
 
 NO_BACKEND = "none"  # the label of answers the gateway gave itself (no replica, 413, 504 ...)

@@ -7,7 +7,7 @@
   worker keeps its own balancer state, health checks and metrics, as Envoy's workers do.
 - ``fleetserve gateway`` is :mod:`.command`.
 
-Every listener runs behind the edge guards of ``config.edge`` (see :mod:`.guards`): middlewares on
+Every listener runs behind the edge guards of ``config.edge`` (see :mod:`.edge.guards`): middlewares on
 every route, and a connection guard (header-read deadline, connection cap) below HTTP.
 """
 
@@ -37,17 +37,17 @@ from prometheus_client import CollectorRegistry
 from fleetserve.eventloop import loop_factory
 from fleetserve.gateway import access
 from fleetserve.gateway.app import build_app
-from fleetserve.gateway.balancer import Balancer, run_discovery
+from fleetserve.gateway.balance.balancer import Balancer, run_discovery
+from fleetserve.gateway.balance.discovery import Discovery, DnsDiscovery, FileDiscovery, Insert
+from fleetserve.gateway.balance.health import run_health_checks
 from fleetserve.gateway.config import GatewayConfig
-from fleetserve.gateway.discovery import Discovery, DnsDiscovery, FileDiscovery, Insert
 from fleetserve.gateway.edge import server_kwargs
-from fleetserve.gateway.grpc_proxy import GrpcProxy, start_grpc_server
-from fleetserve.gateway.guards import EdgeGuards
-from fleetserve.gateway.health import run_health_checks
-from fleetserve.gateway.listen import guarded_site
+from fleetserve.gateway.edge.guards import EdgeGuards
+from fleetserve.gateway.edge.listen import guarded_site
+from fleetserve.gateway.forward.grpc_proxy import GrpcProxy, start_grpc_server
+from fleetserve.gateway.forward.proxy import readiness_probe
+from fleetserve.gateway.forward.upstream import UpstreamPools
 from fleetserve.gateway.metrics import GatewayMetrics
-from fleetserve.gateway.proxy import readiness_probe
-from fleetserve.gateway.upstream import UpstreamPools
 from fleetserve.telemetry import logs
 
 log = logging.getLogger(__name__)

@@ -5,7 +5,7 @@ view of the fleet. Here each worker is a FIFO server costing ``gateway_cpu_s`` p
 :class:`~fleetserve.sim.gateway.SimBalancer`; an arriving request goes to a worker chosen uniformly at random
 (the kernel hashes connections across the sockets).
 
-The forwarding rule restates :mod:`fleetserve.gateway.proxy`'s: a connect failure (nothing listening) is
+The forwarding rule restates :mod:`fleetserve.gateway.forward.proxy`'s: a connect failure (nothing listening) is
 retried on another replica without the retry budget (no replica did any work); a reset before the response
 or a 503 is retried within the budget; at most ``max_retries`` retries, each on a replica not tried yet.
 When no replica can be picked the client gets a 503 at once.

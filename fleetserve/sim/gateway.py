@@ -1,13 +1,13 @@
 """The simulator's one door into the gateway: the real balancer, policies, health and outlier logic.
 
 Everything the simulated gateway decides — which replica takes a request (every policy in
-:mod:`fleetserve.gateway.policies`), peak-EWMA and pending counts, slow start, health-check state, passive
-outlier ejection and panic mode, the retry budget — is the product's own :class:`~fleetserve.gateway.balancer.Balancer`
+:mod:`fleetserve.gateway.balance.policies`), peak-EWMA and pending counts, slow start, health-check state, passive
+outlier ejection and panic mode, the retry budget — is the product's own :class:`~fleetserve.gateway.balance.balancer.Balancer`
 driven on the simulated clock with a seeded RNG. This module only translates between simulated replicas and
 the gateway's endpoints and outcomes; it is the only module of :mod:`fleetserve.sim` that imports gateway
 internals, so moving those modules is a change here alone.
 
-What the simulator does not take from the gateway: the HTTP forwarding loop (:mod:`fleetserve.gateway.proxy`)
+What the simulator does not take from the gateway: the HTTP forwarding loop (:mod:`fleetserve.gateway.forward.proxy`)
 is asyncio and sockets, so :mod:`fleetserve.sim.front` restates its retry rule in one place (retry on a
 connect failure without the budget, on a reset or a 503 within it, on a replica not tried yet, at most
 ``max_retries`` times); hedging (opt-in) and request deadlines are not simulated.
@@ -21,12 +21,12 @@ import random
 from collections.abc import Callable, Collection, Iterator, Mapping
 from typing import Generic, TypeVar
 
-from fleetserve.gateway.balancer import Balancer, BalancerConfig, Ticket
-from fleetserve.gateway.discovery import Insert, Remove
-from fleetserve.gateway.endpoint import Endpoint
-from fleetserve.gateway.load import HEADER_INFLIGHT, HEADER_QUEUE_DEPTH
-from fleetserve.gateway.policies import DEFAULT_POLICY, RequestContext, policy_names
-from fleetserve.gateway.retry import RetryBudget
+from fleetserve.gateway.balance.balancer import Balancer, BalancerConfig, Ticket
+from fleetserve.gateway.balance.discovery import Insert, Remove
+from fleetserve.gateway.balance.endpoint import Endpoint
+from fleetserve.gateway.balance.load import HEADER_INFLIGHT, HEADER_QUEUE_DEPTH
+from fleetserve.gateway.balance.policies import DEFAULT_POLICY, RequestContext, policy_names
+from fleetserve.gateway.balance.retry import RetryBudget
 
 __all__ = [
     "DEFAULT_POLICY",

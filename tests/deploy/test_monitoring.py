@@ -28,7 +28,7 @@ def _registries() -> list[Any]:
     its bucket-table gauge); the NVML gauges are read from their source below. A new metrics object belongs
     here, or the source scan fails."""
     from fleetserve.gateway.edge import EdgeConfig, RateLimitRule
-    from fleetserve.gateway.guards import EdgeGuards
+    from fleetserve.gateway.edge.guards import EdgeGuards
     from fleetserve.gateway.metrics import GatewayMetrics
     from fleetserve.telemetry.metrics import ReplicaMetrics
 

@@ -24,12 +24,13 @@ from tests.support.rawserver import Handler, RawServer
 
 # The gateway runs on uvloop when it is installed, so the data-plane tests run on both loops.
 _BOTH_LOOPS = frozenset({"test_upstream.py", "test_proxy.py"})
+_FORWARD_TESTS = Path(__file__).parent / "forward"
 
 
 def pytest_asyncio_loop_factories(config: pytest.Config,
                                   item: pytest.Item) -> dict[str, Callable[[], asyncio.AbstractEventLoop]]:
     factories: dict[str, Callable[[], asyncio.AbstractEventLoop]] = {"asyncio": asyncio.new_event_loop}
-    if item.path.name in _BOTH_LOOPS and item.path.parent == Path(__file__).parent:
+    if item.path.name in _BOTH_LOOPS and item.path.parent == _FORWARD_TESTS:
         try:
             import uvloop
         except ImportError:

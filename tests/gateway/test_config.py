@@ -7,7 +7,7 @@ from typing import Any
 
 import pytest
 
-from fleetserve.gateway.balancer import BalancerConfig
+from fleetserve.gateway.balance.balancer import BalancerConfig
 from fleetserve.gateway.config import GatewayConfig
 
 BACKEND = ("http://127.0.0.1:8000",)

@@ -7,10 +7,10 @@ import random
 
 import pytest
 
-from fleetserve.gateway.balancer import Balancer, BalancerConfig
+from fleetserve.gateway.balance.balancer import Balancer, BalancerConfig
+from fleetserve.gateway.balance.discovery import Insert, Remove
+from fleetserve.gateway.balance.endpoint import Endpoint
 from fleetserve.gateway.dashboard.sampler import FleetSampler, quantile
-from fleetserve.gateway.discovery import Insert, Remove
-from fleetserve.gateway.endpoint import Endpoint
 from fleetserve.gateway.metrics import NO_BACKEND, GatewayMetrics
 from tests.support.clock import FakeClock
 

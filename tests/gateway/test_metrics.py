@@ -2,8 +2,8 @@
 
 from __future__ import annotations
 
-from fleetserve.gateway.balancer import REMOVED
-from fleetserve.gateway.endpoint import Endpoint
+from fleetserve.gateway.balance.balancer import REMOVED
+from fleetserve.gateway.balance.endpoint import Endpoint
 from fleetserve.gateway.metrics import NO_BACKEND, GatewayMetrics
 
 A = Endpoint.from_url("http://10.0.0.1:8000")

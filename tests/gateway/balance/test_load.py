@@ -1,0 +1,130 @@
+import math
+
+import pytest
+
+from fleetserve.gateway.balance.load import (
+    HEADER_GPU_THROTTLED,
+    HEADER_GPU_UTILIZATION,
+    HEADER_INFLIGHT,
+    HEADER_QUEUE_DEPTH,
+    EndpointLoad,
+    LoadConfig,
+    PeakEwma,
+    ReportedLoad,
+)
+from fleetserve.gateway.balance.slowstart import SlowStartConfig
+
+
+def test_peak_ewma_jumps_to_a_higher_sample() -> None:
+    ewma = PeakEwma(tau_s=10.0, initial_s=0.02, now=0.0)
+    ewma.observe(0.5, now=1.0)
+    assert ewma.estimate(1.0) == 0.5
+
+
+def test_first_sample_replaces_the_default() -> None:
+    ewma = PeakEwma(tau_s=10.0, initial_s=0.05, now=0.0)
+    ewma.observe(0.01, now=0.0)
+    assert ewma.estimate(0.0) == 0.01
+
+
+def test_peak_ewma_moves_towards_a_lower_sample_by_elapsed_time() -> None:
+    ewma = PeakEwma(tau_s=10.0, initial_s=0.05, now=0.0)
+    ewma.observe(0.1, now=0.0)
+    ewma.observe(0.0, now=10.0)
+    # One tau later the old value keeps weight exp(-1).
+    assert ewma.estimate(10.0) == pytest.approx(0.1 * math.exp(-1))
+    ewma.observe(0.01, now=10.001)
+    # A sample right after the last barely moves the estimate: the weight is time-based, not per-sample.
+    assert ewma.estimate(10.001) == pytest.approx(0.1 * math.exp(-1), rel=1e-3)
+
+
+def test_peak_ewma_decays_while_idle_without_mutating() -> None:
+    ewma = PeakEwma(tau_s=10.0, initial_s=0.2, now=0.0)
+    assert ewma.estimate(10.0) == pytest.approx(0.2 * math.exp(-1))
+    assert ewma.estimate(0.0) == 0.2
+    assert ewma.estimate(1e6) > 0.0
+
+
+def test_failure_at_least_doubles_the_estimate_even_when_fast() -> None:
+    ewma = PeakEwma(tau_s=10.0, initial_s=0.02, now=0.0)
+    ewma.observe_failure(0.001, now=0.0)
+    assert ewma.estimate(0.0) == pytest.approx(0.04)
+    ewma.observe_failure(0.001, now=0.0)
+    assert ewma.estimate(0.0) == pytest.approx(0.08)
+    ewma.observe_failure(1.0, now=0.0)
+    assert ewma.estimate(0.0) == 1.0
+
+
+def test_reported_load_parses_headers_and_fades() -> None:
+    reported = ReportedLoad(max_age_s=4.0)
+    assert reported.freshness(0.0) == 0.0
+    headers = {
+        HEADER_QUEUE_DEPTH: "7",
+        HEADER_INFLIGHT: "3",
+        HEADER_GPU_UTILIZATION: "0.85",
+        HEADER_GPU_THROTTLED: "1",
+    }
+    assert reported.update(headers, now=10.0)
+    assert (reported.queue_depth, reported.inflight) == (7, 3)
+    assert reported.gpu_utilization == pytest.approx(0.85)
+    assert reported.gpu_throttled is True
+    assert reported.freshness(10.0) == 1.0
+    assert reported.freshness(12.0) == pytest.approx(0.5)
+    assert reported.freshness(14.0) == 0.0
+    assert reported.age(13.0) == pytest.approx(3.0)
+
+
+def test_reported_load_reads_lowercase_headers_and_ignores_garbage() -> None:
+    reported = ReportedLoad(max_age_s=4.0)
+    assert not reported.update({"content-type": "application/json"}, now=1.0)
+    assert reported.reported_at is None
+    assert not reported.update(
+        {HEADER_QUEUE_DEPTH: "-4", HEADER_INFLIGHT: "lots", HEADER_GPU_UTILIZATION: "nan", HEADER_GPU_THROTTLED: "?"},
+        now=1.0,
+    )
+    assert reported.update({"x-fleetserve-queue-depth": "99999999999", "x-fleetserve-gpu-utilization": "7"}, 2.0)
+    assert reported.queue_depth == 1_000_000
+    assert reported.gpu_utilization == 1.0
+
+
+def test_endpoint_load_cost_and_effective_weight() -> None:
+    load = EndpointLoad(3, LoadConfig(ewma_default_rtt_s=0.05), SlowStartConfig(window_s=10.0), now=0.0)
+    assert load.ewma_cost(0.0) == pytest.approx(0.05)
+    load.pending = 3
+    assert load.ewma_cost(0.0) == pytest.approx(0.2)
+    assert load.effective_weight(0.0) == 3.0
+    load.ramp.restart(0.0)
+    assert load.effective_weight(5.0) == pytest.approx(1.5)
+    load.sent_since_report = 3
+    assert load.unreported_pending() == 3
+    load.pending = 1  # two of them finished without a report
+    assert load.unreported_pending() == 1
+    load.report({"content-type": "text/plain"}, now=5.0)
+    assert load.unreported_pending() == 1
+    load.report({HEADER_QUEUE_DEPTH: "1"}, now=5.0)
+    assert load.unreported_pending() == 0
+
+
+@pytest.mark.parametrize("kwargs", [{"ewma_tau_s": 0.0}, {"ewma_default_rtt_s": -1.0}, {"report_max_age_s": 0.0}])
+def test_load_config_rejects_non_positive(kwargs: dict[str, float]) -> None:
+    with pytest.raises(ValueError, match=next(iter(kwargs))):
+        LoadConfig(**kwargs)
+
+
+def test_admitted_restarts_the_ramp_and_forgets_latency() -> None:
+    load = EndpointLoad(1, LoadConfig(ewma_default_rtt_s=0.05), SlowStartConfig(window_s=10.0), now=0.0)
+    load.ewma.observe(0.3, now=0.0)
+    load.admitted(100.0)
+    assert load.ewma.estimate(100.0) == pytest.approx(0.05)
+    assert load.effective_weight(100.0) == pytest.approx(0.1)
+    load.ewma.observe(0.01, now=100.0)
+    assert load.ewma.estimate(100.0) == pytest.approx(0.01)
+
+
+def test_outpaced_by_a_hedge_counts_like_a_failure_in_the_estimate() -> None:
+    load = EndpointLoad(1, LoadConfig(), SlowStartConfig(), now=0.0)
+    load.ewma.observe(0.005, now=0.0)
+    load.outpaced(0.020, now=0.0)  # the hedge answered 20 ms in; this replica still had not
+    assert load.ewma.estimate(0.0) == pytest.approx(0.020)
+    load.outpaced(0.020, now=0.0)
+    assert load.ewma.estimate(0.0) == pytest.approx(0.040)  # again: at least double

@@ -1,0 +1,125 @@
+"""Hedged requests end to end: a real gateway in front of fake replicas, one of them stalling."""
+
+from __future__ import annotations
+
+import json
+import time
+from collections.abc import Awaitable, Callable
+
+import aiohttp
+
+from fleetserve.gateway.balance.balancer import BalancerConfig
+from fleetserve.gateway.forward.hedge import HedgeConfig
+from tests.support.fake_replica import FakeReplica
+from tests.support.gateways import StartGateway
+from tests.support.waiting import until
+
+StartReplicas = Callable[[int], Awaitable[list[FakeReplica]]]
+INFER = "/v2/models/m/infer"
+ROUND_ROBIN = BalancerConfig(policy="round-robin")
+EAGER = HedgeConfig(percentile=99, min_samples=10, window=16, max_extra_percent=100, burst=5, min_delay_ms=20)
+
+
+async def infer(client: aiohttp.ClientSession, url: str, path: str = INFER) -> tuple[int, dict[str, object], float]:
+    started = time.perf_counter()
+    async with client.post(url + path, data=b'{"inputs": []}') as res:
+        body = await res.read()
+        return res.status, json.loads(body), time.perf_counter() - started
+
+
+async def warm_up(client: aiohttp.ClientSession, url: str, next_to: FakeReplica, n: int = 20) -> None:
+    """``n`` or more quick requests, ending so that round-robin sends the next one to ``next_to``."""
+    last = ""
+    for i in range(n + 1):
+        status, body, _ = await infer(client, url)
+        assert status == 200
+        last = str(body["replica"])
+        if i + 1 >= n and last != next_to.name:
+            return
+
+
+def counter(gw: object, name: str, label: str) -> float:
+    return getattr(gw.metrics, name).labels(label)._value.get()  # type: ignore[attr-defined]
+
+
+async def test_a_stalled_replica_is_hedged_and_the_fast_copy_answers(replicas: StartReplicas,
+                                                                     gateway: StartGateway,
+                                                                     client: aiohttp.ClientSession) -> None:
+    slow, fast = await replicas(2)
+    gw = await gateway([slow.url, fast.url], balancer=ROUND_ROBIN, hedge=EAGER)
+    await warm_up(client, gw.url, slow)
+    slow.delay_s = 5.0
+    answers = [await infer(client, gw.url) for _ in range(4)]  # round-robin sends two to the stalled one
+    assert [status for status, _, _ in answers] == [200] * 4
+    assert all(body["replica"] == fast.name for _, body, _ in answers)
+    slowest = max(elapsed for _, _, elapsed in answers)
+    assert slowest < 1.0
+    assert counter(gw, "hedges", "won") == 2
+    def pending() -> list[object]:
+        return [row["pending"] for row in gw.balancer.snapshot()]
+
+    await until(lambda: pending() == [0, 0], what="the cancelled attempts finished their bookkeeping")
+    rows = {row["url"]: row for row in gw.balancer.snapshot()}
+    # Outpaced twice: its estimate is penalised well beyond the cancelled attempts' lower bounds.
+    assert float(rows[slow.url]["ewma_ms"]) >= 2 * slowest * 1000  # type: ignore[arg-type]
+    assert gw.balancer.retry_budget.active_retries == 0
+
+
+async def test_no_hedge_without_budget(replicas: StartReplicas, gateway: StartGateway,
+                                       client: aiohttp.ClientSession) -> None:
+    slow, fast = await replicas(2)
+    stingy = HedgeConfig(percentile=99, min_samples=10, window=16, max_extra_percent=1, burst=1, min_delay_ms=20)
+    gw = await gateway([slow.url, fast.url], balancer=ROUND_ROBIN, hedge=stingy)
+    await warm_up(client, gw.url, slow)  # ~20 requests earn ~0.2 of a hedge
+    slow.delay_s = 0.3
+    fast_hits = fast.hits
+    status, body, elapsed = await infer(client, gw.url)
+    assert (status, body["replica"]) == (200, slow.name)
+    assert elapsed >= 0.3
+    assert counter(gw, "hedges_skipped", "budget") == 1
+    assert fast.hits == fast_hits  # no copy was sent
+
+
+async def test_hedges_leave_the_retry_budget_to_retries(replicas: StartReplicas, gateway: StartGateway,
+                                                         client: aiohttp.ClientSession) -> None:
+    slow, fast = await replicas(2)
+    no_retries = BalancerConfig(policy="round-robin", retry_budget_percent=0.0, retry_min_concurrency=0)
+    gw = await gateway([slow.url, fast.url], balancer=no_retries, hedge=EAGER)
+    await warm_up(client, gw.url, slow)
+    slow.delay_s = 5.0
+    status, body, _ = await infer(client, gw.url)
+    assert (status, body["replica"]) == (200, fast.name)
+    assert counter(gw, "hedges", "won") == 1
+    assert gw.balancer.retry_budget.active_retries == 0
+
+
+async def test_a_failed_hedge_leaves_the_first_attempt_to_answer(replicas: StartReplicas, gateway: StartGateway,
+                                                                 client: aiohttp.ClientSession) -> None:
+    slow, busy = await replicas(2)
+    gw = await gateway([slow.url, busy.url], balancer=ROUND_ROBIN, hedge=EAGER)
+    await warm_up(client, gw.url, slow)
+    slow.delay_s = 0.2
+    busy.mode = "overloaded"  # the hedge gets a 503: not an answer, keep waiting for the original
+    status, body, elapsed = await infer(client, gw.url)
+    assert (status, body["replica"]) == (200, slow.name)
+    assert elapsed >= 0.2
+    assert counter(gw, "hedges", "lost") == 1
+
+
+async def test_hedging_off_and_non_inference_routes_wait_for_the_one_replica(
+        replicas: StartReplicas, gateway: StartGateway, client: aiohttp.ClientSession) -> None:
+    slow, fast = await replicas(2)
+    gw = await gateway([slow.url, fast.url], balancer=ROUND_ROBIN, hedge=HedgeConfig(percentile=0))
+    await warm_up(client, gw.url, slow)
+    slow.delay_s = 0.2
+    status, body, elapsed = await infer(client, gw.url)
+    assert (status, body["replica"], elapsed >= 0.2) == (200, slow.name, True)
+
+    gw2 = await gateway([slow.url, fast.url], balancer=ROUND_ROBIN, hedge=EAGER)
+    slow.delay_s = 0.0
+    await warm_up(client, gw2.url, slow)
+    slow.delay_s = 0.2
+    async with client.get(gw2.url + "/v2/models/m") as res:  # metadata: never sent twice
+        assert res.status == 200
+        assert (await res.json())["replica"] == slow.name
+    assert counter(gw2, "hedges", "won") == 0
