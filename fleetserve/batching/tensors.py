@@ -18,20 +18,11 @@ import numpy as np
 
 from fleetserve.engine.base import TensorSpec
 from fleetserve.errors import InvalidInput
+from fleetserve.wire import DATATYPES
 
+# The numeric KServe v2 datatypes (BYTES cannot be padded) and their numpy types, from the wire contract.
 _DTYPES: dict[str, type[np.generic]] = {
-    "BOOL": np.bool_,
-    "UINT8": np.uint8,
-    "UINT16": np.uint16,
-    "UINT32": np.uint32,
-    "UINT64": np.uint64,
-    "INT8": np.int8,
-    "INT16": np.int16,
-    "INT32": np.int32,
-    "INT64": np.int64,
-    "FP16": np.float16,
-    "FP32": np.float32,
-    "FP64": np.float64,
+    name: np.dtype(code).type for name, code in DATATYPES.items() if name != "BYTES"
 }
 
 

@@ -26,6 +26,7 @@ from urllib.parse import quote
 import numpy as np
 
 from fleetserve.bench.words import WORDS
+from fleetserve.wire import BINARY_HEADER_LENGTH
 
 SHORT_TOKENS = (5, 30)
 LONG_TOKENS = (100, 300)
@@ -43,7 +44,7 @@ MAX_ROWS = 1024
 MAX_TOKENS = 8192
 JSON_TYPE = "application/json"
 BINARY_TYPE = "application/octet-stream"
-HEADER_LENGTH = "Inference-Header-Content-Length"
+HEADER_LENGTH = BINARY_HEADER_LENGTH
 
 
 @dataclass(frozen=True)

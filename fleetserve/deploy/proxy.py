@@ -15,6 +15,8 @@ from dataclasses import dataclass
 from typing import Any
 from urllib.parse import urlsplit
 
+from fleetserve.wire import check_weight, parse_weighted
+
 HEALTH_PATH = "/v2/health/ready"
 # Host names and IPv4 literals; IPv6 literals are checked separately (they arrive without brackets).
 _HOSTNAME = re.compile(r"^[A-Za-z0-9](?:[A-Za-z0-9.-]{0,251}[A-Za-z0-9])?$")
@@ -54,8 +56,7 @@ class Backend:
         _check_host(self.host, "backend")
         if not 0 < self.port < 65536:
             raise ValueError(f"backend {self.host}: port {self.port} is outside 1..65535")
-        if not (math.isfinite(self.weight) and self.weight > 0):
-            raise ValueError(f"backend {self.address}: weight must be a positive number, got {self.weight!r}")
+        object.__setattr__(self, "weight", check_weight(self.weight, self.address))
 
     @property
     def address(self) -> str:
@@ -83,14 +84,8 @@ class Backend:
 
     @classmethod
     def parse(cls, spec: str) -> Backend:
-        """The CLI form ``URL[=WEIGHT]``, e.g. ``http://10.0.0.5:8000=2``."""
-        url, sep, weight_text = spec.strip().rpartition("=")
-        if not sep:
-            return cls.from_url(spec)
-        try:
-            weight = float(weight_text)
-        except ValueError:
-            raise ValueError(f"backend {spec!r}: weight {weight_text!r} is not a number") from None
+        """The CLI form ``URL[=WEIGHT]`` (:func:`fleetserve.wire.parse_weighted`), e.g. ``http://10.0.0.5:8000=2``."""
+        url, weight = parse_weighted(spec)
         return cls.from_url(url, weight)
 
 

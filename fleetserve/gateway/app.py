@@ -20,10 +20,11 @@ from fleetserve.gateway.balance.balancer import Balancer
 from fleetserve.gateway.config import GatewayConfig
 from fleetserve.gateway.edge import app_kwargs
 from fleetserve.gateway.edge.guards import EdgeGuards
-from fleetserve.gateway.forward.proxy import REQUEST_ID_HEADER, Proxy
+from fleetserve.gateway.forward.proxy import Proxy
 from fleetserve.gateway.forward.upstream import UpstreamPools
 from fleetserve.gateway.metrics import NO_BACKEND, GatewayMetrics
 from fleetserve.telemetry.tracing import IdGenerator, request_id
+from fleetserve.wire import REQUEST_ID_HEADER, error_response
 
 # The catch-all first: the router tries the resources indexed under "/v2" in this order, and nearly
 # every request is below /v2/.
@@ -44,8 +45,7 @@ def _json_errors(metrics: GatewayMetrics, ids: IdGenerator) -> Middleware:
             headers = {k: v for k, v in exc.headers.items() if k.lower() not in ("content-type", "content-length")}
             headers[REQUEST_ID_HEADER] = rid
             metrics.observe_request(NO_BACKEND, exc.status)
-            return web.json_response({"error": f"{exc.reason}: {request.method} {request.path}"},
-                                     status=exc.status, headers=headers)
+            return error_response(exc.status, f"{exc.reason}: {request.method} {request.path}", headers)
 
     return json_errors
 

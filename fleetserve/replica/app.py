@@ -22,6 +22,7 @@ from fleetserve.replica.text import TextService, add_text_route
 from fleetserve.telemetry.logs import trace_id_var
 from fleetserve.telemetry.metrics import ReplicaMetrics
 from fleetserve.telemetry.tracing import IdGenerator, parse_traceparent
+from fleetserve.wire import RETRY_AFTER
 
 log = logging.getLogger(__name__)
 Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
@@ -77,7 +78,7 @@ def build_app(
         if repo.is_ready():
             return web.json_response({"status": "ok"})
         state = "draining" if repo.draining else "warming up"
-        return web.json_response({"status": state}, status=503, headers={"Retry-After": "1"})
+        return web.json_response({"status": state}, status=503, headers={RETRY_AFTER: "1"})
 
     async def prometheus(request: web.Request) -> web.Response:
         metrics.queue_depth.labels(metrics.model).set(batcher.queue_depth)

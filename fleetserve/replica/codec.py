@@ -22,20 +22,18 @@ from itertools import chain
 
 import numpy as np
 
+from fleetserve import wire
 from fleetserve.engine.base import TensorSpec
 from fleetserve.errors import FleetserveError, InvalidInput, PayloadTooLarge
 
-# v2 datatype -> numpy dtype; explicit little-endian because that is the wire order of raw tensors.
-DATATYPES: dict[str, np.dtype] = {"BOOL": np.dtype("?"), "BYTES": np.dtype(object)}
-DATATYPES |= {f"UINT{8 * n}": np.dtype(f"<u{n}") for n in (1, 2, 4, 8)}
-DATATYPES |= {f"INT{8 * n}": np.dtype(f"<i{n}") for n in (1, 2, 4, 8)}
-DATATYPES |= {f"FP{8 * n}": np.dtype(f"<f{n}") for n in (2, 4, 8)}
+# v2 datatype -> numpy dtype, from the wire contract's table (little-endian, the wire order of raw tensors).
+DATATYPES: dict[str, np.dtype] = {name: np.dtype(code) for name, code in wire.DATATYPES.items()}
 # Python element types a JSON array (or typed gRPC contents) may hold for each datatype.
 _ELEMENT_TYPES: dict[str, frozenset[type]] = {name: frozenset({int}) for name in DATATYPES}
 _ELEMENT_TYPES |= {name: frozenset({int, float}) for name in ("FP16", "FP32", "FP64")}
 _ELEMENT_TYPES |= {"BOOL": frozenset({bool}), "BYTES": frozenset({str, bytes})}
 _LENGTH = struct.Struct("<I")
-HEADER_LENGTH = "Inference-Header-Content-Length"
+HEADER_LENGTH = wire.BINARY_HEADER_LENGTH
 
 
 @dataclass(frozen=True)

@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import functools
 import logging
-import math
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from typing import Any, NoReturn, TypeVar
@@ -37,6 +36,7 @@ from fleetserve.replica.codec import (
 from fleetserve.replica.model import ModelRepository, ServedModel
 from fleetserve.replica.proto import grpc_service_pb2 as pb
 from fleetserve.replica.proto import grpc_service_pb2_grpc as pb_grpc
+from fleetserve.wire import RETRY_AFTER, retry_after
 
 log = logging.getLogger(__name__)
 
@@ -113,7 +113,7 @@ def _rpc(
         except FleetserveError as e:
             trailer: tuple[tuple[str, str], ...] = ()
             if e.retry_after_s is not None:
-                trailer = (("retry-after", str(max(1, math.ceil(e.retry_after_s)))),)
+                trailer = ((RETRY_AFTER.lower(), retry_after(e.retry_after_s)),)
             await _abort(context, grpc.StatusCode[e.grpc_code], e.message, trailer)
         except Exception:
             log.exception("unhandled error in gRPC %s", method.__name__)

@@ -12,7 +12,6 @@ from __future__ import annotations
 import asyncio
 import functools
 import logging
-import math
 from collections.abc import Awaitable, Callable
 from typing import TypeVar
 
@@ -22,6 +21,7 @@ from fleetserve.engine.base import TensorSpec
 from fleetserve.errors import FleetserveError, NotReady
 from fleetserve.replica.codec import HEADER_LENGTH, CodecLimits, decode_infer_request, encode_infer_response
 from fleetserve.replica.model import ModelRepository, ServedModel
+from fleetserve.wire import RETRY_AFTER, error_response, retry_after
 
 log = logging.getLogger(__name__)
 
@@ -32,12 +32,10 @@ T = TypeVar("T")
 _OFFLOAD_BYTES = 1 << 20
 
 
-def error_response(error: FleetserveError) -> web.Response:
-    """The JSON error answer for ``error``, with ``Retry-After`` (integer seconds, at least 1) if set."""
-    headers = {}
-    if error.retry_after_s is not None:
-        headers["Retry-After"] = str(max(1, math.ceil(error.retry_after_s)))
-    return web.json_response({"error": error.message}, status=error.http_status, headers=headers)
+def error_answer(error: FleetserveError) -> web.Response:
+    """The JSON error answer for ``error``, with ``Retry-After`` if it carries one."""
+    headers = None if error.retry_after_s is None else {RETRY_AFTER: retry_after(error.retry_after_s)}
+    return error_response(error.http_status, error.message, headers)
 
 
 def guarded(handler: Handler) -> Handler:
@@ -46,15 +44,15 @@ def guarded(handler: Handler) -> Handler:
         try:
             return await handler(request)
         except FleetserveError as e:
-            return error_response(e)
+            return error_answer(e)
         except web.HTTPException as e:
             # aiohttp raises these itself, e.g. 413 when the body passes client_max_size.
             if e.status < 400:
                 raise
-            return web.json_response({"error": e.text or e.reason}, status=e.status)
+            return error_response(e.status, e.text or e.reason)
         except Exception:
             log.exception("unhandled error in %s %s", request.method, request.path)
-            return web.json_response({"error": "internal error"}, status=500)
+            return error_response(500, "internal error")
 
     return guarded
 

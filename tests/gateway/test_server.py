@@ -96,7 +96,7 @@ def test_cli_options_become_the_config() -> None:
 @pytest.mark.parametrize(
     "argv, message",
     [((), "at least one --backend"), (("--discovery", "file"), "--discovery-file"),
-     (("--backend", "https://a:1"), "only http://"), (("--backend", "http://a:1=x"), "not an integer"),
+     (("--backend", "https://a:1"), "only http://"), (("--backend", "http://a:1=x"), "weight .x. is not a number"),
      (("--backend", "http://a:1", "--workers", "2", "--port", "0"), "explicit --port"),
      (("--backend", "http://a:1", "--health-interval", "0"), "health_interval_s")],
 )

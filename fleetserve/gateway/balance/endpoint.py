@@ -14,8 +14,11 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from urllib.parse import urlsplit
 
+from fleetserve.wire import MAX_WEIGHT, check_weight, format_weighted, parse_weighted
+
+__all__ = ["MAX_WEIGHT", "Endpoint"]
+
 _DEFAULT_PORTS = {"http": 80, "https": 443}
-MAX_WEIGHT = 10_000
 _NO_LABELS: Mapping[str, str] = types.MappingProxyType({})
 
 
@@ -26,7 +29,7 @@ class Endpoint:
     url: str
     host: str
     port: int
-    weight: int = field(default=1, compare=False)
+    weight: float = field(default=1.0, compare=False)
     labels: Mapping[str, str] = field(default_factory=lambda: _NO_LABELS, compare=False)
 
     def __post_init__(self) -> None:
@@ -34,16 +37,13 @@ class Endpoint:
             raise ValueError(f"endpoint needs a url and a host, got url={self.url!r} host={self.host!r}")
         if not 0 < self.port < 65536:
             raise ValueError(f"endpoint {self.url}: port {self.port} is outside 1..65535")
-        if isinstance(self.weight, bool) or not isinstance(self.weight, int):
-            raise ValueError(f"endpoint {self.url}: weight must be an integer, got {self.weight!r}")
-        if not 1 <= self.weight <= MAX_WEIGHT:
-            raise ValueError(f"endpoint {self.url}: weight {self.weight} is outside 1..{MAX_WEIGHT}")
+        object.__setattr__(self, "weight", check_weight(self.weight, self.url))
         if self.labels is not _NO_LABELS:
             # A private read-only copy: the caller's dict may change after the endpoint is built.
             object.__setattr__(self, "labels", types.MappingProxyType(dict(self.labels)))
 
     @classmethod
-    def from_url(cls, url: str, weight: int = 1, labels: Mapping[str, str] | None = None) -> Endpoint:
+    def from_url(cls, url: str, weight: float = 1.0, labels: Mapping[str, str] | None = None) -> Endpoint:
         """Normalize ``url`` (scheme, host and port made explicit, trailing slash dropped)."""
         text = url.strip()
         if "://" not in text:
@@ -75,15 +75,9 @@ class Endpoint:
 
     @classmethod
     def parse(cls, spec: str) -> Endpoint:
-        """Parse the CLI/file form ``URL[=WEIGHT]``, e.g. ``http://10.0.0.5:8000=2``."""
-        url, sep, weight_text = spec.strip().rpartition("=")
-        if not sep:
-            return cls.from_url(spec)
-        try:
-            weight = int(weight_text)
-        except ValueError:
-            raise ValueError(f"backend {spec!r}: weight {weight_text!r} is not an integer") from None
+        """Parse the CLI/file form ``URL[=WEIGHT]``, e.g. ``http://10.0.0.5:8000=2.5``."""
+        url, weight = parse_weighted(spec)
         return cls.from_url(url, weight=weight)
 
     def __str__(self) -> str:
-        return self.url if self.weight == 1 else f"{self.url}={self.weight}"
+        return format_weighted(self.url, self.weight)

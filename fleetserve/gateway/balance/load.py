@@ -187,7 +187,7 @@ class EndpointLoad:
 
     __slots__ = ("_default_rtt", "ewma", "pending", "ramp", "reported", "sent_since_report", "weight")
 
-    def __init__(self, weight: int, config: LoadConfig, slow_start: SlowStartConfig, now: float) -> None:
+    def __init__(self, weight: float, config: LoadConfig, slow_start: SlowStartConfig, now: float) -> None:
         self._default_rtt = config.ewma_default_rtt_s
         self.weight = weight
         self.pending = 0

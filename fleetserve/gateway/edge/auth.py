@@ -21,8 +21,8 @@ from fleetserve.gateway.edge.identity import IDENTITY_KEY, Identity
 from fleetserve.gateway.edge.jwtconfig import JwtConfig, RouteScope
 from fleetserve.gateway.edge.keyset import JwksFetcher, KeySet, fetch_jwks
 from fleetserve.gateway.edge.metrics import NullObserver, RejectionObserver
-from fleetserve.gateway.edge.respond import error_response
 from fleetserve.gateway.edge.tokens import AuthError, TokenVerifier
+from fleetserve.wire import error_response
 
 # RFC 6750 §3: error_description and scope are quoted-strings limited to these characters.
 _QUOTABLE = frozenset(chr(c) for c in range(0x20, 0x7F)) - {'"', "\\"}

@@ -27,7 +27,7 @@ from fleetserve.gateway.edge import (
     build_middlewares,
 )
 from fleetserve.gateway.edge.ratelimit import RateLimiter, RateLimitMiddleware
-from fleetserve.gateway.edge.respond import retry_after
+from fleetserve.wire import retry_after
 
 RATELIMIT_ENTRIES = "fleetserve_gateway_ratelimit_entries"
 

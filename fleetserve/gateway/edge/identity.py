@@ -18,9 +18,7 @@ from aiohttp import web
 from aiohttp.typedefs import Handler
 from multidict import CIMultiDict
 
-SUBJECT_HEADER = "X-Fleetserve-Subject"
-TENANT_HEADER = "X-Fleetserve-Tenant"
-IDENTITY_HEADERS = (SUBJECT_HEADER, TENANT_HEADER)
+from fleetserve.wire import IDENTITY_HEADERS, SUBJECT_HEADER, TENANT_HEADER
 
 # Printable ASCII except '%': claim values made only of these pass through unchanged; anything else
 # (control characters that could split a header, non-ASCII) is percent-encoded (RFC 3986 §2.1).

@@ -27,7 +27,7 @@ from aiohttp.typedefs import Handler
 from fleetserve.gateway.edge.config import InputLimits
 from fleetserve.gateway.edge.jsonscan import JsonLimitExceeded, check_json_bounds
 from fleetserve.gateway.edge.metrics import NullObserver, RejectionObserver
-from fleetserve.gateway.edge.respond import error_response
+from fleetserve.wire import error_response
 
 __all__ = ["BodyLimits", "HeadLimits", "InputLimits", "app_kwargs", "server_kwargs"]
 

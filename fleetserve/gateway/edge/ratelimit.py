@@ -29,7 +29,7 @@ from fleetserve.gateway.edge.clientip import ClientAddress
 from fleetserve.gateway.edge.config import IPNetwork, RateLimitRule
 from fleetserve.gateway.edge.identity import identity_of
 from fleetserve.gateway.edge.metrics import NullObserver, RejectionObserver
-from fleetserve.gateway.edge.respond import error_response, retry_after
+from fleetserve.wire import error_response, retry_after
 
 # Refill arithmetic in floats can land a hair below a whole token (3 x 1/300 s x 100/s); without this
 # slack such a request would be refused and the fraction lost at the burst cap on the next refill.

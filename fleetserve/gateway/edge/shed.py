@@ -18,7 +18,7 @@ from aiohttp.typedefs import Handler
 
 from fleetserve.gateway.edge.config import ShedConfig
 from fleetserve.gateway.edge.metrics import NullObserver, RejectionObserver
-from fleetserve.gateway.edge.respond import error_response, retry_after
+from fleetserve.wire import error_response, retry_after
 
 
 class LoadShedMiddleware:

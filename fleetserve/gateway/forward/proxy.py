@@ -32,7 +32,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import json
 import time
 from collections.abc import Callable, Coroutine, Mapping
 from dataclasses import dataclass
@@ -59,9 +58,9 @@ from fleetserve.gateway.forward.upstream import (
 from fleetserve.gateway.metrics import NO_BACKEND, GatewayMetrics
 from fleetserve.telemetry import logs
 from fleetserve.telemetry.tracing import IdGenerator, next_hop, parse_traceparent, request_id
+from fleetserve.wire import REQUEST_ID_HEADER, RETRY_AFTER, TIMEOUT_HEADER
+from fleetserve.wire import error_response as wire_error
 
-TIMEOUT_HEADER = "X-Fleetserve-Timeout-Ms"
-REQUEST_ID_HEADER = "X-Request-ID"
 READY_PATH = "/v2/health/ready"
 # Hop-by-hop headers (RFC 9110 §7.6.1) and those this proxy sets itself.
 _HOP_BY_HOP = frozenset({
@@ -77,9 +76,8 @@ _DROP_RESPONSE = _HOP_BY_HOP | {"x-request-id"}
 def error_response(status: int, message: str, rid: str, retry_after: str | int | None = None) -> web.Response:
     headers = {REQUEST_ID_HEADER: rid}
     if retry_after is not None:
-        headers["Retry-After"] = str(retry_after)
-    return web.Response(status=status, body=json.dumps({"error": message}).encode(),
-                        content_type="application/json", headers=headers)
+        headers[RETRY_AFTER] = str(retry_after)
+    return wire_error(status, message, headers)
 
 
 @dataclass(slots=True)

@@ -67,7 +67,7 @@ def test_parse_yaml_and_json_lists() -> None:
         ("- 5\n", "expected 'URL\\[=WEIGHT\\]' or a mapping"),
         ("{backends: []}\n", "expected a list of backends"),
         ("[http://a:1\n", "invalid YAML/JSON"),
-        ("- url: http://a:1\n  weight: 1.5\n", "weight must be an integer"),
+        ("- url: http://a:1\n  weight: heavy\n", "weight must be a positive number"),
     ],
 )
 def test_parse_errors_name_the_problem(text: str, message: str) -> None:

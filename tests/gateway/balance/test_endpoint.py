@@ -22,6 +22,8 @@ def test_parse_weight_suffix() -> None:
     assert ep.url == "http://10.0.0.5:8000"
     assert ep.weight == 3
     assert str(ep) == "http://10.0.0.5:8000=3"
+    half = Endpoint.parse("http://10.0.0.5:8000=0.5")
+    assert half.weight == 0.5 and str(half) == "http://10.0.0.5:8000=0.5"
 
 
 def test_identity_is_the_url_alone() -> None:
@@ -51,8 +53,10 @@ def test_labels_are_a_private_read_only_copy() -> None:
         ("http://u:p@a:1", "credentials"),
         ("http://:8000", "no host"),
         ("http://a:99999", "a:99999"),
-        ("http://a:1=zero", "not an integer"),
-        ("http://a:1=0", "weight 0 is outside"),
+        ("http://a:1=zero", "weight 'zero' is not a number"),
+        ("http://a:1=0", "weight must be a positive number up to 10000, got 0.0"),
+        ("http://a:1=inf", "weight must be a positive number"),
+        ("http://a:1=20000", "weight must be a positive number"),
     ],
 )
 def test_bad_specs_name_the_problem(spec: str, message: str) -> None:
