@@ -12,6 +12,15 @@
   type codes (the wire order of raw tensors); the engine, batcher and codecs build their tables from it.
 - **Backends.** ``URL[=WEIGHT]``, the form of ``--backend`` and discovery files; weights are positive
   numbers (floats) everywhere.
+- **Load reports.** Replicas report their load on every response in ORCA's ``endpoint-load-metrics``
+  header, native HTTP form (``TEXT name=value,...``; Envoy's ``source/common/orca/orca_parser.cc`` and the
+  field names of xds' ``xds/data/orca/v3/orca_load_report.proto``): ``application_utilization`` (queued plus
+  running rows over the rows one round of batches on every engine instance takes; above 1 when work waits
+  for more than one round), and named metrics ``queue_depth`` and ``inflight`` (rows queued and running),
+  plus ``gpu_utilization`` and ``gpu_throttled`` (0 or 1) where a GPU is watched. Over gRPC the same text is
+  the ``endpoint-load-metrics`` trailing metadata. Envoy's client-side weighted round robin reads the same
+  header; the gateway's policies read it through :func:`parse_load_report`, which accepts ``=`` or ``:``
+  between a name and its value (as Envoy does) and ignores fields it does not use.
 """
 
 from __future__ import annotations
@@ -19,6 +28,7 @@ from __future__ import annotations
 import json
 import math
 from collections.abc import Mapping
+from dataclasses import dataclass
 
 from aiohttp import web
 
@@ -29,6 +39,7 @@ TENANT_HEADER = "X-Fleetserve-Tenant"
 IDENTITY_HEADERS = (SUBJECT_HEADER, TENANT_HEADER)
 BINARY_HEADER_LENGTH = "Inference-Header-Content-Length"
 RETRY_AFTER = "Retry-After"
+LOAD_REPORT_HEADER = "endpoint-load-metrics"
 
 # KServe v2 datatype -> numpy type code, explicitly little-endian.
 DATATYPES: dict[str, str] = {"BOOL": "?", "BYTES": "O"}
@@ -96,3 +107,88 @@ def check_weight(weight: float, where: str) -> float:
 def format_weighted(url: str, weight: float) -> str:
     """The ``URL[=WEIGHT]`` form of a backend (no ``=WEIGHT`` for weight 1)."""
     return url if weight == 1 else f"{url}={weight:g}"
+
+
+# Named ORCA metrics of a fleetserve replica.
+QUEUE_DEPTH = "queue_depth"
+INFLIGHT = "inflight"
+GPU_UTILIZATION = "gpu_utilization"
+GPU_THROTTLED = "gpu_throttled"
+_TEXT = "TEXT "
+_NAMED = "named_metrics."
+# Counts above this are read as this: a garbage report must not overflow a score.
+_MAX_COUNT = 1_000_000.0
+_CACHE_ENTRIES = 1024
+
+
+@dataclass(frozen=True, slots=True)
+class LoadReport:
+    """The part of an ORCA load report the gateway uses; counts are rows, utilizations fractions."""
+
+    application_utilization: float = 0.0
+    queue_depth: float = 0.0
+    inflight: float = 0.0
+    gpu_utilization: float = 0.0
+    gpu_throttled: bool = False
+
+
+def encode_load_report(queue_depth: int, inflight: int, capacity: int,
+                       gpu: Mapping[str, float] | None = None) -> str:
+    """The ``endpoint-load-metrics`` value for a replica with ``queue_depth`` rows queued, ``inflight`` running
+    and ``capacity`` rows per round of batches; ``gpu`` adds named GPU metrics (``gpu_utilization``, ...)."""
+    utilization = (queue_depth + inflight) / capacity if capacity > 0 else 0.0
+    text = (f"TEXT application_utilization={utilization:.4g},named_metrics.queue_depth={queue_depth},"
+            f"named_metrics.inflight={inflight}")
+    if gpu:
+        text += "".join(f",named_metrics.{name}={value:.4g}" for name, value in gpu.items())
+    return text
+
+
+_parsed: dict[str, LoadReport | None] = {}
+
+
+def parse_load_report(text: str | None) -> LoadReport | None:
+    """The report in an ``endpoint-load-metrics`` value (native ``TEXT`` form), or None for none or an invalid one.
+
+    Like Envoy, a value that is not a finite number, or a name given twice, invalidates the whole report.
+    Replicas repeat a few distinct reports under steady load, so parsed reports are cached by their text.
+    """
+    if text is None:
+        return None
+    cached = _parsed.get(text)
+    if cached is not None or text in _parsed:
+        return cached
+    report = _parse(text)
+    if len(_parsed) >= _CACHE_ENTRIES:
+        _parsed.clear()
+    _parsed[text] = report
+    return report
+
+
+def _parse(text: str) -> LoadReport | None:
+    if not text.startswith(_TEXT):
+        return None  # the BIN and JSON forms are not read
+    fields: dict[str, float] = {}
+    for item in text[len(_TEXT):].split(","):
+        name, sep, value = item.partition("=")
+        if not sep:
+            name, sep, value = item.partition(":")
+        name = name.strip()
+        try:
+            number = float(value)
+        except ValueError:
+            return None
+        if not sep or not name or name in fields or not math.isfinite(number):
+            return None
+        fields[name] = number
+    return LoadReport(
+        application_utilization=max(0.0, fields.get("application_utilization", 0.0)),
+        queue_depth=_count(fields.get(_NAMED + QUEUE_DEPTH)),
+        inflight=_count(fields.get(_NAMED + INFLIGHT)),
+        gpu_utilization=min(1.0, max(0.0, fields.get(_NAMED + GPU_UTILIZATION, 0.0))),
+        gpu_throttled=fields.get(_NAMED + GPU_THROTTLED, 0.0) > 0.0,
+    )
+
+
+def _count(value: float | None) -> float:
+    return 0.0 if value is None else min(_MAX_COUNT, max(0.0, value))

@@ -49,3 +49,35 @@ def test_weighted_urls_parse_to_float_weights(spec: str, parsed: tuple[str, floa
 def test_bad_weights_name_the_problem(spec: str, message: str) -> None:
     with pytest.raises(ValueError, match=message):
         wire.parse_weighted(spec)
+
+
+def test_load_report_round_trips_through_the_orca_text_form() -> None:
+    text = wire.encode_load_report(6, 2, 16, {wire.GPU_UTILIZATION: 0.73, wire.GPU_THROTTLED: 1.0})
+    assert text == ("TEXT application_utilization=0.5,named_metrics.queue_depth=6,named_metrics.inflight=2,"
+                    "named_metrics.gpu_utilization=0.73,named_metrics.gpu_throttled=1")
+    assert wire.parse_load_report(text) == wire.LoadReport(0.5, 6, 2, 0.73, True)
+    assert wire.encode_load_report(0, 0, 0) == ("TEXT application_utilization=0,named_metrics.queue_depth=0,"
+                                                "named_metrics.inflight=0")
+
+
+def test_load_report_parser_reads_what_envoy_reads() -> None:
+    # Envoy's own test input (orca_parser_test.cc), with ':' as well as '=' between a name and its value.
+    for sep in "=:":
+        text = (f"TEXT cpu_utilization{sep}0.7,application_utilization{sep}0.8,mem_utilization{sep}0.9,"
+                f"rps_fractional{sep}1000,eps{sep}2,named_metrics.foo{sep}123,named_metrics.queue_depth{sep}4")
+        assert wire.parse_load_report(text) == wire.LoadReport(application_utilization=0.8, queue_depth=4)
+
+
+@pytest.mark.parametrize("text", [
+    None, "", "BIN CgQIARAB", "JSON {\"application_utilization\": 0.5}", "application_utilization=0.5",
+    "TEXT named_metrics.queue_depth=nan", "TEXT named_metrics.queue_depth=inf", "TEXT named_metrics.queue_depth=",
+    "TEXT named_metrics.queue_depth=1,named_metrics.queue_depth=2", "TEXT =3", "TEXT queue_depth",
+])
+def test_invalid_or_foreign_reports_are_ignored_whole(text: str | None) -> None:
+    assert wire.parse_load_report(text) is None
+
+
+def test_reported_values_are_clamped() -> None:
+    report = wire.parse_load_report("TEXT named_metrics.queue_depth=1e12,named_metrics.inflight=-3,"
+                                    "named_metrics.gpu_utilization=7,application_utilization=-1")
+    assert report == wire.LoadReport(0.0, 1_000_000, 0, 1.0, False)

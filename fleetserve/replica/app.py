@@ -1,8 +1,8 @@
 """The replica's aiohttp application: KServe v2 routes, ``/inference``, ``/health``, ``/metrics``, and the
 per-response load report the gateway balances on.
 
-Every response carries ``X-Fleetserve-Queue-Depth`` and ``X-Fleetserve-Inflight`` (plus GPU utilisation and
-throttling where a GPU monitor runs), so the gateway's view of this replica is fresh without polling. A W3C
+Every response carries the replica's ORCA load report (``endpoint-load-metrics``, :mod:`.load`), so the
+gateway's view of this replica is fresh without polling. A W3C
 ``traceparent`` is continued (or started) per request and its trace id is put on the request's log lines.
 """
 
@@ -10,19 +10,20 @@ from __future__ import annotations
 
 import logging
 import time
-from collections.abc import Awaitable, Callable, Mapping
+from collections.abc import Awaitable, Callable
 
 from aiohttp import web
 
 from fleetserve.batching.worker import Batcher
 from fleetserve.replica.codec import CodecLimits
 from fleetserve.replica.kserve_http import add_kserve_routes
+from fleetserve.replica.load import LoadReporter
 from fleetserve.replica.model import ModelRepository
 from fleetserve.replica.text import TextService, add_text_route
 from fleetserve.telemetry.logs import trace_id_var
 from fleetserve.telemetry.metrics import ReplicaMetrics
 from fleetserve.telemetry.tracing import IdGenerator, parse_traceparent
-from fleetserve.wire import RETRY_AFTER
+from fleetserve.wire import LOAD_REPORT_HEADER, RETRY_AFTER
 
 log = logging.getLogger(__name__)
 Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
@@ -38,7 +39,7 @@ def build_app(
     text: TextService | None,
     limits: CodecLimits,
     max_body_bytes: int,
-    gpu_headers: Callable[[], Mapping[str, str]] | None = None,
+    load: LoadReporter,
 ) -> web.Application:
     ids = IdGenerator()
     inflight = metrics.inflight.labels(metrics.model)
@@ -68,11 +69,8 @@ def build_app(
         response.headers["traceparent"] = f"00-{trace_id}-{ids.span_id()}-{flags:02x}"
         return response
 
-    async def load_headers(request: web.Request, response: web.StreamResponse) -> None:
-        response.headers["X-Fleetserve-Queue-Depth"] = str(batcher.queue_depth)
-        response.headers["X-Fleetserve-Inflight"] = str(batcher.inflight)
-        if gpu_headers is not None:
-            response.headers.update(gpu_headers())
+    async def load_report(request: web.Request, response: web.StreamResponse) -> None:
+        response.headers[LOAD_REPORT_HEADER] = load.report()
 
     async def health(request: web.Request) -> web.Response:
         if repo.is_ready():
@@ -85,7 +83,7 @@ def build_app(
         return web.Response(body=metrics.render(), content_type="text/plain", charset="utf-8")
 
     app = web.Application(client_max_size=max_body_bytes, middlewares=[observe])
-    app.on_response_prepare.append(load_headers)
+    app.on_response_prepare.append(load_report)
     add_kserve_routes(app, repo, limits)
     if text is not None:
         add_text_route(app, text)

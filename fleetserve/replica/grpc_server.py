@@ -5,7 +5,8 @@ Serves ServerLive, ServerReady, ModelReady, ServerMetadata, ModelMetadata and Mo
 as ``raw_input_contents`` (one entry per input) or as typed ``contents``; outputs always leave as
 ``raw_output_contents``, which is what tritonclient reads. A
 :class:`~fleetserve.errors.FleetserveError` becomes the gRPC status named by its ``grpc_code`` (with a
-``retry-after`` trailer when it carries one); anything else is logged and answered INTERNAL.
+``retry-after`` trailer when it carries one); anything else is logged and answered INTERNAL. Every call's
+trailing metadata carries the replica's ORCA load report (``endpoint-load-metrics``), as HTTP responses do.
 """
 
 from __future__ import annotations
@@ -33,10 +34,11 @@ from fleetserve.replica.codec import (
     tensor_to_raw,
     values_to_array,
 )
+from fleetserve.replica.load import LoadReporter
 from fleetserve.replica.model import ModelRepository, ServedModel
 from fleetserve.replica.proto import grpc_service_pb2 as pb
 from fleetserve.replica.proto import grpc_service_pb2_grpc as pb_grpc
-from fleetserve.wire import RETRY_AFTER, retry_after
+from fleetserve.wire import LOAD_REPORT_HEADER, RETRY_AFTER, retry_after
 
 log = logging.getLogger(__name__)
 
@@ -104,20 +106,22 @@ async def _abort(
 
 
 def _rpc(
-    method: Callable[[Any, Req, grpc.aio.ServicerContext], Awaitable[Resp]],
-) -> Callable[[Any, Req, grpc.aio.ServicerContext], Awaitable[Resp]]:
+    method: Callable[[InferenceServicer, Req, grpc.aio.ServicerContext], Awaitable[Resp]],
+) -> Callable[[InferenceServicer, Req, grpc.aio.ServicerContext], Awaitable[Resp]]:
     @functools.wraps(method)
-    async def wrapped(self: Any, request: Req, context: grpc.aio.ServicerContext) -> Resp:
+    async def wrapped(self: InferenceServicer, request: Req, context: grpc.aio.ServicerContext) -> Resp:
         try:
-            return await method(self, request, context)
+            response = await method(self, request, context)
         except FleetserveError as e:
-            trailer: tuple[tuple[str, str], ...] = ()
+            trailer = self._load_trailer()
             if e.retry_after_s is not None:
-                trailer = ((RETRY_AFTER.lower(), retry_after(e.retry_after_s)),)
+                trailer += ((RETRY_AFTER.lower(), retry_after(e.retry_after_s)),)
             await _abort(context, grpc.StatusCode[e.grpc_code], e.message, trailer)
         except Exception:
             log.exception("unhandled error in gRPC %s", method.__name__)
-            await _abort(context, grpc.StatusCode.INTERNAL, "internal error")
+            await _abort(context, grpc.StatusCode.INTERNAL, "internal error", self._load_trailer())
+        context.set_trailing_metadata(self._load_trailer())
+        return response
 
     return wrapped
 
@@ -188,9 +192,13 @@ def encode_model_infer(
 class InferenceServicer:
     """The ``inference.GRPCInferenceService`` methods over a :class:`ModelRepository`."""
 
-    def __init__(self, repo: ModelRepository, limits: CodecLimits) -> None:
+    def __init__(self, repo: ModelRepository, limits: CodecLimits, load: LoadReporter | None = None) -> None:
         self._repo = repo
         self._limits = limits
+        self._load = load
+
+    def _load_trailer(self) -> tuple[tuple[str, str], ...]:
+        return () if self._load is None else ((LOAD_REPORT_HEADER, self._load.report()),)
 
     @_rpc
     async def ServerLive(
@@ -244,7 +252,8 @@ class InferenceServicer:
         return encode_model_infer(model, decoded, results)
 
 
-async def start_grpc_server(repo: ModelRepository, config: GrpcServerConfig, limits: CodecLimits) -> GrpcServerHandle:
+async def start_grpc_server(repo: ModelRepository, config: GrpcServerConfig, limits: CodecLimits,
+                            load: LoadReporter | None = None) -> GrpcServerHandle:
     """Bind and start the gRPC server; stop it with ``await handle.stop(grace_s)``."""
     server = grpc.aio.server(
         options=[
@@ -253,7 +262,7 @@ async def start_grpc_server(repo: ModelRepository, config: GrpcServerConfig, lim
         ],
         maximum_concurrent_rpcs=config.max_concurrent_rpcs,
     )
-    pb_grpc.add_GRPCInferenceServiceServicer_to_server(InferenceServicer(repo, limits), server)
+    pb_grpc.add_GRPCInferenceServiceServicer_to_server(InferenceServicer(repo, limits, load), server)
     port = server.add_insecure_port(config.address())
     await server.start()
     return GrpcServerHandle(server, port)

@@ -26,6 +26,7 @@ from fleetserve.models.tokenizer import TextTokenizer
 from fleetserve.replica.codec import CodecLimits
 from fleetserve.replica.config import ReplicaConfig
 from fleetserve.replica.grpc_server import GrpcServerConfig, GrpcServerHandle, start_grpc_server
+from fleetserve.replica.load import LoadReporter
 from fleetserve.replica.model import ModelRepository
 from fleetserve.replica.served import BatchedModel
 from fleetserve.replica.text import TextLimits, TextService
@@ -113,8 +114,9 @@ async def start_replica(config: ReplicaConfig) -> Replica:
     from fleetserve.replica.app import build_app
 
     gpu = _gpu_monitor(config.engine.device, metrics)
+    load = LoadReporter(batcher, gpu.load_metrics if gpu is not None else None)
     app = build_app(repo, batcher, metrics, text=text, limits=limits, max_body_bytes=config.max_body_bytes,
-                    gpu_headers=gpu.load_headers if gpu is not None else None)
+                    load=load)
     runner = web.AppRunner(app, access_log=None, handle_signals=False, shutdown_timeout=config.drain_timeout_s)
     await runner.setup()
     site = web.TCPSite(runner, config.host, config.port, backlog=1024)
@@ -122,7 +124,7 @@ async def start_replica(config: ReplicaConfig) -> Replica:
     http_port = runner.addresses[0][1]
     grpc = None
     if config.grpc_port:
-        grpc = await start_grpc_server(repo, GrpcServerConfig(config.host, config.grpc_port), limits)
+        grpc = await start_grpc_server(repo, GrpcServerConfig(config.host, config.grpc_port), limits, load)
     return Replica(config, repo, model, batcher, metrics, runner, grpc, http_port, gpu)
 
 

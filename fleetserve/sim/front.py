@@ -79,8 +79,8 @@ class FrontWorker:
             return
         request.ticket = None
         connect_error = status == CONNECT_ERROR
-        headers = load_report(replica.queue_depth, replica.inflight_rows) if self._reports and status == OK else None
-        ticket.finish(status=None if connect_error else status, connect_error=connect_error, headers=headers)
+        report = load_report(replica.queue_depth, replica.inflight_rows) if self._reports and status == OK else None
+        ticket.finish(status=None if connect_error else status, connect_error=connect_error, report=report)
         budget = self.balancer.retry_budget
         if request.budgeted:
             budget.release()

@@ -1,13 +1,13 @@
 """The simulator's one door into the gateway: the real balancer, policies, health and outlier logic.
 
 Everything the simulated gateway decides — which replica takes a request (every policy in
-:mod:`fleetserve.gateway.balance.policies`), peak-EWMA and pending counts, slow start, health-check state, passive
-outlier ejection and panic mode, the retry budget — is the product's own :class:`~fleetserve.gateway.balance.balancer.Balancer`
-driven on the simulated clock with a seeded RNG. This module only translates between simulated replicas and
-the gateway's endpoints and outcomes; it is the only module of :mod:`fleetserve.sim` that imports gateway
-internals, so moving those modules is a change here alone.
+:mod:`fleetserve.gateway.balance.policies`), peak-EWMA and pending counts, slow start, health-check state,
+passive outlier ejection and panic mode, the retry budget — is the product's own
+:class:`~fleetserve.gateway.balance.Balancer` driven on the simulated clock with a seeded RNG. This module
+only translates between simulated replicas and the gateway's endpoints and outcomes; it is the only module of
+:mod:`fleetserve.sim` that imports gateway internals, so moving those modules is a change here alone.
 
-What the simulator does not take from the gateway: the HTTP forwarding loop (:mod:`fleetserve.gateway.forward.proxy`)
+What the simulator does not take from the gateway: the forwarding loop (:mod:`fleetserve.gateway.forward`)
 is asyncio and sockets, so :mod:`fleetserve.sim.front` restates its retry rule in one place (retry on a
 connect failure without the budget, on a reset or a 503 within it, on a replica not tried yet, at most
 ``max_retries`` times); hedging (opt-in) and request deadlines are not simulated.
@@ -18,15 +18,15 @@ from __future__ import annotations
 import contextlib
 import logging
 import random
-from collections.abc import Callable, Collection, Iterator, Mapping
+from collections.abc import Callable, Collection, Iterator
 from typing import Generic, TypeVar
 
 from fleetserve.gateway.balance.balancer import Balancer, BalancerConfig, Ticket
 from fleetserve.gateway.balance.discovery import Insert, Remove
 from fleetserve.gateway.balance.endpoint import Endpoint
-from fleetserve.gateway.balance.load import HEADER_INFLIGHT, HEADER_QUEUE_DEPTH
 from fleetserve.gateway.balance.policies import DEFAULT_POLICY, RequestContext, policy_names
 from fleetserve.gateway.balance.retry import RetryBudget
+from fleetserve.wire import encode_load_report
 
 __all__ = [
     "DEFAULT_POLICY",
@@ -73,9 +73,9 @@ def reads_load_reports(policy: str) -> bool:
     return policy in _READS_LOAD_REPORTS
 
 
-def load_report(queue_depth: int, inflight: int) -> Mapping[str, str]:
-    """The load headers a replica puts on every response (what ``queue-aware`` reads)."""
-    return {HEADER_QUEUE_DEPTH: str(queue_depth), HEADER_INFLIGHT: str(inflight)}
+def load_report(queue_depth: int, inflight: int) -> str:
+    """The ORCA load report a replica puts on every response (what ``queue-aware`` reads)."""
+    return encode_load_report(queue_depth, inflight, 0)
 
 
 class SimBalancer(Generic[R]):

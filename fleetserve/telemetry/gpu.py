@@ -2,7 +2,7 @@
 
 :class:`GpuMonitor` reads NVML (the ``nvidia-ml-py`` package, module ``pynvml``, imported only when a
 monitor is created) for every visible GPU and, where MIG is enabled, for every MIG instance. A background
-thread samples about once a second; Prometheus gauges and the replica's load headers read the latest
+thread samples about once a second; Prometheus gauges and the replica's load report read the latest
 sample, so a request never waits on NVML. The monitor only *reads*: it calls no NVML setter (clocks,
 power limits, MIG layout stay as they are).
 
@@ -29,6 +29,8 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from fleetserve import wire
+
 log = logging.getLogger(__name__)
 
 # NVML clocks-event-reason bits (nvml.h; stable across driver versions).
@@ -44,8 +46,6 @@ NVML_TEMPERATURE_GPU = 0
 NVML_CLOCK_SM = 1
 NVML_DEVICE_MIG_ENABLE = 1
 
-UTILIZATION_HEADER = "X-Fleetserve-Gpu-Utilization"
-THROTTLED_HEADER = "X-Fleetserve-Gpu-Throttled"
 LABELS = ("gpu", "uuid", "mig")
 _MIG_NAME = re.compile(r"\bMIG ((?:[0-9]+c\.)?[0-9]+g\.[0-9]+gb)\b")
 
@@ -249,16 +249,17 @@ class GpuMonitor:
                 if value is not None:
                     gauge.labels(*s.labels).set(value)
 
-    def load_headers(self) -> dict[str, str]:
-        """Load headers for replica responses, from the latest background sample (empty before the first)."""
+    def load_metrics(self) -> dict[str, float]:
+        """The GPU's named metrics of the replica's load report (:mod:`fleetserve.wire`), from the latest
+        background sample (empty before the first): the busiest GPU's utilization, and 1.0 when any throttles."""
         whole = [s for s in self.latest() if not s.mig]
         utils = [s.utilization for s in whole if s.utilization is not None]
         if not whole:
             return {}
-        headers = {THROTTLED_HEADER: "1" if any(any(s.throttled.values()) for s in whole) else "0"}
+        metrics = {wire.GPU_THROTTLED: 1.0 if any(any(s.throttled.values()) for s in whole) else 0.0}
         if utils:
-            headers[UTILIZATION_HEADER] = f"{max(utils):.3f}"
-        return headers
+            metrics[wire.GPU_UTILIZATION] = max(utils)
+        return metrics
 
     def start(self) -> None:
         """Sample in a daemon thread every ``interval_s`` until :meth:`stop`."""

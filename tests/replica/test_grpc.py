@@ -6,6 +6,7 @@ import re
 import tomllib
 from collections.abc import AsyncIterator
 from pathlib import Path
+from types import SimpleNamespace
 
 import grpc
 import grpc.aio
@@ -16,10 +17,12 @@ from google.protobuf.descriptor import Descriptor
 from fleetserve.errors import Overloaded
 from fleetserve.replica.codec import CodecLimits, tensor_to_raw
 from fleetserve.replica.grpc_server import GrpcServerConfig, GrpcServerHandle, start_grpc_server
+from fleetserve.replica.load import LoadReporter
 from fleetserve.replica.model import ModelRepository
 from fleetserve.replica.proto import generate
 from fleetserve.replica.proto import grpc_service_pb2 as pb
 from fleetserve.replica.proto import grpc_service_pb2_grpc as pb_grpc
+from fleetserve.wire import GPU_UTILIZATION, LOAD_REPORT_HEADER, LoadReport, parse_load_report
 from tests.support.fake_models import FakeModel
 
 
@@ -279,3 +282,27 @@ def test_generate_refuses_another_grpcio_tools(tmp_path: Path, monkeypatch: pyte
     with pytest.raises(RuntimeError, match=r"grpcio-tools 1\.99\.0 would raise the protobuf/grpcio floors"):
         generate.generate(tmp_path)
     assert list(tmp_path.iterdir()) == []
+
+
+async def test_every_call_carries_the_load_report(repo: ModelRepository, limits: CodecLimits,
+                                                  math_model: FakeModel) -> None:
+    queue = SimpleNamespace(queue_depth=3, inflight=2, round_rows=10)
+    handle = await start_grpc_server(repo, GrpcServerConfig(host="127.0.0.1", port=0), limits,
+                                     LoadReporter(queue, lambda: {GPU_UTILIZATION: 0.5}))
+    try:
+        async with grpc.aio.insecure_channel(f"127.0.0.1:{handle.port}") as channel:
+            stub = pb_grpc.GRPCInferenceServiceStub(channel)
+            call = stub.ModelInfer(math_request())
+            await call
+            report = parse_load_report(dict(await call.trailing_metadata())[LOAD_REPORT_HEADER])
+            assert report == LoadReport(0.5, 3, 2, 0.5, False)
+            queue.queue_depth = 7
+            math_model.error = Overloaded("queue full", retry_after_s=2.0)
+            with pytest.raises(grpc.aio.AioRpcError) as info:
+                await stub.ModelInfer(math_request())
+            trailer = dict(info.value.trailing_metadata())
+            assert trailer["retry-after"] == "2"
+            failed = parse_load_report(trailer[LOAD_REPORT_HEADER])
+            assert failed is not None and failed.queue_depth == 7
+    finally:
+        await handle.stop(0)

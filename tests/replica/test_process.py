@@ -11,6 +11,7 @@ import urllib.request
 import numpy as np
 import pytest
 
+from fleetserve.wire import LOAD_REPORT_HEADER, parse_load_report
 from tests.support.procs import replica
 from tests.support.waiting import until_sync
 
@@ -46,7 +47,8 @@ def test_tritonclient_http_and_grpc_agree_with_inference_route(tiny) -> None:
     text = "noise cancelling headphones under 200 dollars"
     status, body, headers = post(f"{tiny.url}/inference", json.dumps({"texts": [text]}).encode())
     assert status == 200
-    assert "X-Fleetserve-Queue-Depth" in headers and "X-Fleetserve-Inflight" in headers
+    report = parse_load_report(headers[LOAD_REPORT_HEADER])
+    assert report is not None and report.queue_depth >= 0 and report.inflight >= 0
     expected = np.asarray(body["embeddings"], dtype=np.float32)  # type: ignore[arg-type]
     ids = _tokens(tiny.url, text)
 

@@ -8,10 +8,12 @@ from dataclasses import dataclass, field
 
 from aiohttp import web
 
+from fleetserve.wire import LOAD_REPORT_HEADER, encode_load_report
+
 
 @dataclass
 class FakeReplica:
-    """A fake KServe replica: answers ``mode`` and reports its load in response headers.
+    """A fake KServe replica: answers ``mode`` and reports its load (ORCA) on every answer.
 
     Modes: ``ok`` (200 JSON naming the replica, after ``delay_s``), ``overloaded`` (503), ``bad``
     (400), ``hang`` (never answers), ``reset`` (closes the connection without answering),
@@ -32,7 +34,7 @@ class FakeReplica:
         self.hits += 1
         self.last_headers = dict(request.headers)
         self.last_body = await request.read()
-        load = {"X-Fleetserve-Queue-Depth": str(self.queue_depth), "X-Fleetserve-Inflight": "1"}
+        load = {LOAD_REPORT_HEADER: encode_load_report(self.queue_depth, 1, 32)}
         if self.mode == "hang":
             await asyncio.sleep(3600)
         if self.delay_s:

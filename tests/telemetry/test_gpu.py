@@ -12,12 +12,11 @@ from prometheus_client import CollectorRegistry
 from fleetserve.telemetry.gpu import (
     HW_THERMAL_SLOWDOWN,
     SW_POWER_CAP,
-    THROTTLED_HEADER,
-    UTILIZATION_HEADER,
     GpuMonitor,
     GpuMonitorConfig,
     mig_profile,
 )
+from fleetserve.wire import GPU_THROTTLED, GPU_UTILIZATION, encode_load_report, parse_load_report
 
 
 class NotSupported(Exception):
@@ -184,15 +183,17 @@ def test_gauges_follow_samples_and_skip_unreported_values() -> None:
     assert value("fleetserve_gpu_utilization_ratio", gpu="0", uuid="GPU-0", mig="") == pytest.approx(0.05)
 
 
-def test_load_headers_come_from_the_latest_sample() -> None:
+def test_load_metrics_come_from_the_latest_sample() -> None:
     nvml = FakeNvml()
     mon = monitor(nvml)
-    assert mon.load_headers() == {}
+    assert mon.load_metrics() == {}
     mon.sample()
-    assert mon.load_headers() == {UTILIZATION_HEADER: "0.730", THROTTLED_HEADER: "1"}
+    assert mon.load_metrics() == {GPU_UTILIZATION: pytest.approx(0.73), GPU_THROTTLED: 1.0}
     nvml.reasons[1] = 0
     mon.sample()
-    assert mon.load_headers()[THROTTLED_HEADER] == "0"
+    assert mon.load_metrics()[GPU_THROTTLED] == 0.0
+    report = parse_load_report(encode_load_report(0, 0, 32, mon.load_metrics()))
+    assert report is not None and report.gpu_utilization == pytest.approx(0.73) and not report.gpu_throttled
 
 
 def test_background_sampler_starts_and_stops() -> None:
@@ -233,5 +234,5 @@ def test_real_nvml_where_a_gpu_exists() -> None:
     whole = [s for s in samples if not s.mig]
     assert whole and all(s.memory_total_bytes and s.memory_total_bytes > 0 for s in whole)
     assert all(s.utilization is None or 0.0 <= s.utilization <= 1.0 for s in whole)
-    assert set(mon.load_headers()) >= {THROTTLED_HEADER}
+    assert set(mon.load_metrics()) >= {GPU_THROTTLED}
     mon.close()

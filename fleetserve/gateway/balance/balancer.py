@@ -21,7 +21,7 @@ import logging
 import math
 import random
 import time
-from collections.abc import Callable, Collection, Mapping
+from collections.abc import Callable, Collection
 from dataclasses import dataclass
 from typing import Protocol
 
@@ -159,19 +159,20 @@ class Ticket:
         status: int | None = None,
         connect_error: bool = False,
         latency_s: float | None = None,
-        headers: Mapping[str, str] | None = None,
+        report: str | None = None,
     ) -> None:
         """Record the outcome; later calls are ignored so ``finally`` blocks may call it freely.
 
         ``status`` is the upstream HTTP status (map an upstream timeout to 504); ``connect_error``
         that no connection could be made; ``status=None`` without a connect error means the client
         went away first, which says nothing about the replica. ``latency_s`` defaults to the time
-        since :meth:`Balancer.start`. ``headers`` are the response headers carrying reported load.
+        since :meth:`Balancer.start`. ``report`` is the load report the response carried (the
+        ``endpoint-load-metrics`` value, :mod:`fleetserve.wire`).
         """
         if self._done:
             return
         self._done = True
-        self._balancer._finish(self, status, connect_error, latency_s, headers)
+        self._balancer._finish(self, status, connect_error, latency_s, report)
 
 
 class Balancer:
@@ -365,7 +366,7 @@ class Balancer:
         status: int | None,
         connect_error: bool,
         latency_s: float | None,
-        headers: Mapping[str, str] | None,
+        report: str | None,
     ) -> None:
         now = self._clock()
         entry = ticket._entry
@@ -381,8 +382,8 @@ class Balancer:
         elif latency > load.ewma.estimate(now):
             # An aborted request's time is a lower bound on its latency: it may raise, never lower.
             load.ewma.observe(latency, now)
-        if headers:
-            load.report(headers, now)
+        if report is not None:
+            load.report(report, now)
         if (status is None and not connect_error) or self._entries.get(entry.endpoint.url) is not entry:
             return
         until = self._outlier.record(

@@ -15,26 +15,21 @@ Failures are penalised: a failed request (5xx or connect error) counts as a samp
 the current estimate, so a replica that fails fast looks slower with every failure instead of looking
 like the fastest one in the fleet.
 
-Replicas also report their own load on every response (headers below). A report fades linearly to
-nothing over ``report_max_age_s``; :meth:`ReportedLoad.freshness` tells policies how much to trust it.
+Replicas also report their own load on every response, in ORCA's ``endpoint-load-metrics`` form
+(:mod:`fleetserve.wire`). A report fades linearly to nothing over ``report_max_age_s``;
+:meth:`ReportedLoad.freshness` tells policies how much to trust it.
 """
 
 from __future__ import annotations
 
 import math
-from collections.abc import Mapping
 from dataclasses import dataclass
 
 from fleetserve.gateway.balance.slowstart import SlowStartConfig, SlowStartRamp
+from fleetserve.wire import LoadReport, parse_load_report
 
-HEADER_QUEUE_DEPTH = "X-Fleetserve-Queue-Depth"
-HEADER_INFLIGHT = "X-Fleetserve-Inflight"
-HEADER_GPU_UTILIZATION = "X-Fleetserve-Gpu-Utilization"
-HEADER_GPU_THROTTLED = "X-Fleetserve-Gpu-Throttled"
-
-# Reported counts above this are treated as this: a garbage header must not overflow a score.
-_MAX_REPORTED_COUNT = 1_000_000
 _EWMA_FLOOR_S = 1e-4
+_NO_REPORT = LoadReport()
 
 
 @dataclass(frozen=True)
@@ -96,79 +91,22 @@ class PeakEwma:
         self._measured = False
 
 
-def _header(headers: Mapping[str, str], name: str) -> str | None:
-    # aiohttp's CIMultiDict matches any case; a plain dict from tests or gRPC metadata is lowercase.
-    value = headers.get(name)
-    return value if value is not None else headers.get(name.lower())
-
-
-def _parse_count(text: str | None) -> int | None:
-    if text is None:
-        return None
-    try:
-        value = int(text.strip())
-    except ValueError:
-        return None
-    return min(value, _MAX_REPORTED_COUNT) if value >= 0 else None
-
-
-def _parse_ratio(text: str | None) -> float | None:
-    if text is None:
-        return None
-    try:
-        value = float(text.strip())
-    except ValueError:
-        return None
-    return min(1.0, max(0.0, value)) if math.isfinite(value) else None
-
-
-def _parse_flag(text: str | None) -> bool | None:
-    if text is None:
-        return None
-    lowered = text.strip().lower()
-    if lowered in ("1", "true", "yes"):
-        return True
-    if lowered in ("0", "false", "no"):
-        return False
-    return None
-
-
 class ReportedLoad:
-    """The replica's own view of its load, from the last response that carried it."""
+    """The replica's own view of its load, from the last response that carried a valid report."""
 
-    __slots__ = (
-        "_max_age",
-        "gpu_throttled",
-        "gpu_utilization",
-        "inflight",
-        "queue_depth",
-        "reported_at",
-    )
+    __slots__ = ("_max_age", "last", "reported_at")
 
     def __init__(self, max_age_s: float) -> None:
         self._max_age = max_age_s
-        self.queue_depth = 0
-        self.inflight = 0
-        self.gpu_utilization = 0.0
-        self.gpu_throttled = False
+        self.last = _NO_REPORT
         self.reported_at: float | None = None
 
-    def update(self, headers: Mapping[str, str], now: float) -> bool:
-        """Take whatever valid load headers ``headers`` carries; False when it carried none."""
-        queue = _parse_count(_header(headers, HEADER_QUEUE_DEPTH))
-        inflight = _parse_count(_header(headers, HEADER_INFLIGHT))
-        util = _parse_ratio(_header(headers, HEADER_GPU_UTILIZATION))
-        throttled = _parse_flag(_header(headers, HEADER_GPU_THROTTLED))
-        if queue is None and inflight is None and util is None and throttled is None:
+    def update(self, text: str, now: float) -> bool:
+        """Take the ``endpoint-load-metrics`` value ``text``; False when it is not a valid report."""
+        report = parse_load_report(text)
+        if report is None:
             return False
-        if queue is not None:
-            self.queue_depth = queue
-        if inflight is not None:
-            self.inflight = inflight
-        if util is not None:
-            self.gpu_utilization = util
-        if throttled is not None:
-            self.gpu_throttled = throttled
+        self.last = report
         self.reported_at = now
         return True
 
@@ -226,16 +164,16 @@ class EndpointLoad:
         """Requests in flight that the last report cannot contain (sent after it was taken)."""
         return min(self.sent_since_report, self.pending)
 
-    def report(self, headers: Mapping[str, str], now: float) -> None:
-        """Take the load a response reported, if it carried any."""
-        if self.reported.update(headers, now):
+    def report(self, text: str, now: float) -> None:
+        """Take the load report (``endpoint-load-metrics`` value) a response carried."""
+        if self.reported.update(text, now):
             self.sent_since_report = 0
 
     def describe(self, now: float) -> dict[str, object]:
         """The load fields of an endpoint's row in ``GET /gateway/backends``."""
-        reported = self.reported
-        age = reported.age(now)
+        age = self.reported.age(now)
         has_report = age is not None
+        reported = self.reported.last
         return {
             "effective_weight": round(self.effective_weight(now), 4),
             "slow_start": self.ramp.active(now),

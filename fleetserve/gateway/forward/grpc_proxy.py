@@ -26,6 +26,7 @@ from fleetserve.gateway.balance.endpoint import Endpoint
 from fleetserve.gateway.config import GatewayConfig
 from fleetserve.gateway.metrics import NO_BACKEND, GatewayMetrics
 from fleetserve.telemetry.tracing import IdGenerator, next_hop, parse_traceparent, request_id
+from fleetserve.wire import LOAD_REPORT_HEADER
 
 SERVICE_PREFIX = "/inference.GRPCInferenceService/"
 STREAM_METHODS = frozenset({SERVICE_PREFIX + "ModelStreamInfer"})
@@ -162,7 +163,7 @@ class GrpcProxy(grpc.GenericRpcHandler):
         ticket = self._balancer.start(ep)
         started = self._clock()
         code: grpc.StatusCode | None = None
-        load: dict[str, str] | None = None
+        report: str | None = None
         try:
             call = self._channel(ep).unary_unary(method)(
                 request, timeout=max(0.001, deadline - started), metadata=metadata)
@@ -170,16 +171,17 @@ class GrpcProxy(grpc.GenericRpcHandler):
                 response: bytes = await call
             except grpc.aio.AioRpcError as err:
                 code = err.code()
-                load = _text_metadata(err.initial_metadata())
+                report = _load_report(err.trailing_metadata())
                 raise
             code = grpc.StatusCode.OK
-            load = _text_metadata(await call.initial_metadata())
-            context.set_trailing_metadata(tuple(await call.trailing_metadata() or ()))
+            trailing = await call.trailing_metadata()
+            report = _load_report(trailing)
+            context.set_trailing_metadata(tuple(trailing or ()))
             return response
         finally:
             latency = self._clock() - started
             ticket.finish(status=None if code is None else HTTP_STATUS.get(code, 500), latency_s=latency,
-                          headers=load)
+                          report=report)
             self._metrics.observe_attempt(ep.url, latency)
 
     def _stream_behaviour(self, method: str) -> Callable[[AsyncIterator[bytes], grpc.aio.ServicerContext],
@@ -212,10 +214,12 @@ async def _abort(context: grpc.aio.ServicerContext, code: grpc.StatusCode, detai
     raise AssertionError("grpc.aio ServicerContext.abort() returned instead of raising")
 
 
-def _text_metadata(metadata: Any) -> dict[str, str] | None:
-    if not metadata:
-        return None
-    return {k: v for k, v in metadata if isinstance(v, str)}
+def _load_report(metadata: Any) -> str | None:
+    """The ``endpoint-load-metrics`` value among a call's metadata, if any."""
+    for key, value in metadata or ():
+        if key == LOAD_REPORT_HEADER and isinstance(value, str):
+            return value
+    return None
 
 
 async def start_grpc_server(proxy: GrpcProxy, host: str, port: int, *, reuse_port: bool = False

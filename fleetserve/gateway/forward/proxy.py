@@ -58,7 +58,7 @@ from fleetserve.gateway.forward.upstream import (
 from fleetserve.gateway.metrics import NO_BACKEND, GatewayMetrics
 from fleetserve.telemetry import logs
 from fleetserve.telemetry.tracing import IdGenerator, next_hop, parse_traceparent, request_id
-from fleetserve.wire import REQUEST_ID_HEADER, RETRY_AFTER, TIMEOUT_HEADER
+from fleetserve.wire import LOAD_REPORT_HEADER, REQUEST_ID_HEADER, RETRY_AFTER, TIMEOUT_HEADER
 from fleetserve.wire import error_response as wire_error
 
 READY_PATH = "/v2/health/ready"
@@ -335,7 +335,8 @@ class Proxy:
         finally:
             # Also when the client went away or a hedge won (cancelled): status None says "no verdict".
             latency = self._clock() - started
-            ticket.finish(status=status, connect_error=connect_error, latency_s=latency, headers=reply_headers)
+            report = None if reply_headers is None else reply_headers.get(LOAD_REPORT_HEADER)
+            ticket.finish(status=status, connect_error=connect_error, latency_s=latency, report=report)
             self._metrics.observe_attempt(ep.url, latency)
             if status is not None and status < 500:
                 self._hedger.observe(ctx.method, ctx.path, latency)

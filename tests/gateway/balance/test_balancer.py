@@ -8,8 +8,8 @@ from fleetserve.gateway.balance.balancer import REMOVED, Balancer, BalancerConfi
 from fleetserve.gateway.balance.discovery import Insert, Remove, StaticDiscovery
 from fleetserve.gateway.balance.endpoint import Endpoint
 from fleetserve.gateway.balance.health import HealthState
-from fleetserve.gateway.balance.load import HEADER_INFLIGHT, HEADER_QUEUE_DEPTH
 from fleetserve.gateway.balance.policies import RequestContext
+from fleetserve.wire import encode_load_report
 from tests.support.clock import FakeClock
 
 CTX = RequestContext()
@@ -103,7 +103,7 @@ def test_ticket_tracks_pending_and_active_requests_once() -> None:
 def test_finish_reads_replica_reported_load() -> None:
     balancer, eps, _, _ = make(1)
     in_flight = balancer.start(eps[0])
-    balancer.start(eps[0]).finish(status=200, latency_s=0.01, headers={HEADER_QUEUE_DEPTH: "12", HEADER_INFLIGHT: "4"})
+    balancer.start(eps[0]).finish(status=200, latency_s=0.01, report=encode_load_report(12, 4, 32))
     row = balancer.snapshot()[0]
     assert row["reported_queue_depth"] == 12
     assert row["reported_inflight"] == 4

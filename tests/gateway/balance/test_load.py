@@ -3,16 +3,13 @@ import math
 import pytest
 
 from fleetserve.gateway.balance.load import (
-    HEADER_GPU_THROTTLED,
-    HEADER_GPU_UTILIZATION,
-    HEADER_INFLIGHT,
-    HEADER_QUEUE_DEPTH,
     EndpointLoad,
     LoadConfig,
     PeakEwma,
     ReportedLoad,
 )
 from fleetserve.gateway.balance.slowstart import SlowStartConfig
+from fleetserve.wire import encode_load_report
 
 
 def test_peak_ewma_jumps_to_a_higher_sample() -> None:
@@ -55,36 +52,28 @@ def test_failure_at_least_doubles_the_estimate_even_when_fast() -> None:
     assert ewma.estimate(0.0) == 1.0
 
 
-def test_reported_load_parses_headers_and_fades() -> None:
+def test_reported_load_reads_the_orca_report_and_fades() -> None:
     reported = ReportedLoad(max_age_s=4.0)
     assert reported.freshness(0.0) == 0.0
-    headers = {
-        HEADER_QUEUE_DEPTH: "7",
-        HEADER_INFLIGHT: "3",
-        HEADER_GPU_UTILIZATION: "0.85",
-        HEADER_GPU_THROTTLED: "1",
-    }
-    assert reported.update(headers, now=10.0)
-    assert (reported.queue_depth, reported.inflight) == (7, 3)
-    assert reported.gpu_utilization == pytest.approx(0.85)
-    assert reported.gpu_throttled is True
+    report = encode_load_report(7, 3, 32, {"gpu_utilization": 0.85, "gpu_throttled": 1.0})
+    assert reported.update(report, now=10.0)
+    last = reported.last
+    assert (last.queue_depth, last.inflight) == (7, 3)
+    assert last.gpu_utilization == pytest.approx(0.85)
+    assert last.gpu_throttled is True
     assert reported.freshness(10.0) == 1.0
     assert reported.freshness(12.0) == pytest.approx(0.5)
     assert reported.freshness(14.0) == 0.0
     assert reported.age(13.0) == pytest.approx(3.0)
 
 
-def test_reported_load_reads_lowercase_headers_and_ignores_garbage() -> None:
+def test_reported_load_keeps_the_last_valid_report() -> None:
     reported = ReportedLoad(max_age_s=4.0)
-    assert not reported.update({"content-type": "application/json"}, now=1.0)
+    assert not reported.update("JSON {}", now=1.0)
     assert reported.reported_at is None
-    assert not reported.update(
-        {HEADER_QUEUE_DEPTH: "-4", HEADER_INFLIGHT: "lots", HEADER_GPU_UTILIZATION: "nan", HEADER_GPU_THROTTLED: "?"},
-        now=1.0,
-    )
-    assert reported.update({"x-fleetserve-queue-depth": "99999999999", "x-fleetserve-gpu-utilization": "7"}, 2.0)
-    assert reported.queue_depth == 1_000_000
-    assert reported.gpu_utilization == 1.0
+    assert reported.update("TEXT named_metrics.queue_depth=5", now=2.0)
+    assert not reported.update("TEXT named_metrics.queue_depth=lots", now=3.0)
+    assert (reported.last.queue_depth, reported.reported_at) == (5, 2.0)
 
 
 def test_endpoint_load_cost_and_effective_weight() -> None:
@@ -99,9 +88,9 @@ def test_endpoint_load_cost_and_effective_weight() -> None:
     assert load.unreported_pending() == 3
     load.pending = 1  # two of them finished without a report
     assert load.unreported_pending() == 1
-    load.report({"content-type": "text/plain"}, now=5.0)
+    load.report("not a report", now=5.0)
     assert load.unreported_pending() == 1
-    load.report({HEADER_QUEUE_DEPTH: "1"}, now=5.0)
+    load.report("TEXT named_metrics.queue_depth=1", now=5.0)
     assert load.unreported_pending() == 0
 
 

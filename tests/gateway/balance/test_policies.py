@@ -9,15 +9,13 @@ from fleetserve.gateway.balance.balancer import Balancer, BalancerConfig
 from fleetserve.gateway.balance.discovery import Insert
 from fleetserve.gateway.balance.endpoint import Endpoint
 from fleetserve.gateway.balance.load import (
-    HEADER_GPU_THROTTLED,
-    HEADER_GPU_UTILIZATION,
-    HEADER_QUEUE_DEPTH,
     EndpointLoad,
     LoadConfig,
 )
 from fleetserve.gateway.balance.policies import POLICIES, RequestContext, create_policy, load_policy, policy_names
 from fleetserve.gateway.balance.policies.base import Policy
 from fleetserve.gateway.balance.slowstart import SlowStartConfig
+from fleetserve.wire import encode_load_report
 from tests.support.clock import FakeClock
 
 CTX = RequestContext(path="/v2/models/minilm/infer", request_id="r1")
@@ -236,37 +234,37 @@ def test_queue_aware_avoids_the_deep_queue() -> None:
     eps = fleet(3)
     policy, signals, clock = make("queue-aware", eps)
     for ep, depth in zip(eps, ("30", "2", "9"), strict=True):
-        signals.loads[ep].report({HEADER_QUEUE_DEPTH: depth}, clock.now)
+        signals.loads[ep].report(f"TEXT named_metrics.queue_depth={depth}", clock.now)
     assert all(policy.choose(eps, CTX) == eps[1] for _ in range(20))
 
 
 def test_queue_aware_avoids_a_throttled_or_saturated_gpu() -> None:
     a, b = fleet(2)
     policy, signals, clock = make("queue-aware", [a, b])
-    signals.loads[a].report({HEADER_QUEUE_DEPTH: "1", HEADER_GPU_THROTTLED: "1"}, clock.now)
-    signals.loads[b].report({HEADER_QUEUE_DEPTH: "2"}, clock.now)
+    signals.loads[a].report(encode_load_report(1, 0, 32, {"gpu_throttled": 1}), clock.now)
+    signals.loads[b].report(encode_load_report(2, 0, 32), clock.now)
     assert policy.choose([a, b], CTX) == b
-    signals.loads[a].report({HEADER_GPU_THROTTLED: "0", HEADER_GPU_UTILIZATION: "1.0"}, clock.now)
-    signals.loads[b].report({HEADER_QUEUE_DEPTH: "1", HEADER_GPU_UTILIZATION: "0.2"}, clock.now)
+    signals.loads[a].report(encode_load_report(1, 0, 32, {"gpu_throttled": 0, "gpu_utilization": 1.0}), clock.now)
+    signals.loads[b].report(encode_load_report(1, 0, 32, {"gpu_utilization": 0.2}), clock.now)
     assert policy.choose([a, b], CTX) == b
 
 
 def test_queue_aware_counts_requests_sent_since_the_report() -> None:
     a, b = fleet(2)
     policy, signals, clock = make("queue-aware", [a, b])
-    signals.loads[a].report({HEADER_QUEUE_DEPTH: "0"}, clock.now)
-    signals.loads[b].report({HEADER_QUEUE_DEPTH: "3"}, clock.now)
+    signals.loads[a].report(encode_load_report(0, 0, 32), clock.now)
+    signals.loads[b].report(encode_load_report(3, 0, 32), clock.now)
     assert policy.choose([a, b], CTX) == a
     signals.loads[a].pending = signals.loads[a].sent_since_report = 6  # sent after a's report was taken
     assert policy.choose([a, b], CTX) == b
-    signals.loads[a].report({HEADER_QUEUE_DEPTH: "0"}, clock.now)  # the next report includes them
+    signals.loads[a].report(encode_load_report(0, 0, 32), clock.now)  # the next report includes them
     assert policy.choose([a, b], CTX) == a
 
 
 def test_queue_aware_falls_back_to_local_pending_when_reports_are_stale() -> None:
     a, b = fleet(2)
     policy, signals, clock = make("queue-aware", [a, b])
-    signals.loads[a].report({HEADER_QUEUE_DEPTH: "50"}, clock.now)
+    signals.loads[a].report(encode_load_report(50, 0, 32), clock.now)
     signals.loads[b].pending = 2
     assert policy.choose([a, b], CTX) == b
     clock.now += 10.0  # a's report is older than report_max_age_s

@@ -19,6 +19,7 @@ from fleetserve.gateway.balance.endpoint import Endpoint
 from fleetserve.gateway.forward.grpc_proxy import GrpcProxy, grpc_target, start_grpc_server
 from fleetserve.gateway.metrics import GatewayMetrics
 from fleetserve.telemetry.tracing import parse_traceparent
+from fleetserve.wire import LOAD_REPORT_HEADER, encode_load_report
 from tests.support.gateways import gateway_config
 
 SERVICE = "/inference.GRPCInferenceService/"
@@ -50,7 +51,7 @@ class GrpcReplica(grpc.GenericRpcHandler):
         async def behaviour(request: bytes, context: grpc.aio.ServicerContext) -> bytes:
             self.calls.append(details.method)
             self.metadata = {k: v for k, v in context.invocation_metadata() if isinstance(v, str)}
-            await context.send_initial_metadata((("x-fleetserve-queue-depth", "4"),))
+            context.set_trailing_metadata(((LOAD_REPORT_HEADER, encode_load_report(4, 1, 32)),))
             if self.mode == "unavailable":
                 await context.abort(grpc.StatusCode.UNAVAILABLE, f"{self.name} is overloaded")
             if self.mode == "invalid":

@@ -12,6 +12,7 @@ import aiohttp
 
 from fleetserve.gateway.balance.balancer import BalancerConfig
 from fleetserve.telemetry.tracing import parse_traceparent
+from fleetserve.wire import LOAD_REPORT_HEADER
 from tests.support.fake_replica import FakeReplica
 from tests.support.gateways import StartGateway
 from tests.support.rawserver import Handler, RawServer, read_request
@@ -255,7 +256,7 @@ async def test_replica_load_headers_reach_the_balancer(replicas: StartReplicas, 
     replica.queue_depth = 7
     gw = await gateway([replica.url])
     status, headers, _ = await infer(client, gw.url)
-    assert status == 200 and headers["X-Fleetserve-Queue-Depth"] == "7"
+    assert status == 200 and "named_metrics.queue_depth=7" in headers[LOAD_REPORT_HEADER]
     (row,) = gw.balancer.snapshot()
     assert row["reported_queue_depth"] == 7
     assert row["pending"] == 0

@@ -2,9 +2,9 @@
 
 Modelled on the endpoint picker of the Kubernetes Gateway API Inference Extension, which scores
 model servers by the queue depth and accelerator state they export and sends each request to the
-best score. Replicas put ``X-Fleetserve-Queue-Depth``, ``-Inflight``, ``-Gpu-Utilization`` and
-``-Gpu-Throttled`` on every response (:mod:`fleetserve.gateway.balance.load`), so the view costs no polling
-and sees load from every gateway, not just this one.
+best score. Replicas put their ORCA load report (queue depth, in-flight rows, GPU utilisation and
+throttling; :mod:`fleetserve.wire`) on every response, so the view costs no polling and sees load from
+every gateway, not just this one.
 
 Score (lower wins), with f = freshness of the last report in [0, 1]:
 
@@ -57,11 +57,11 @@ class QueueAware(StatelessPolicy):
 
     def score(self, ep: Endpoint, now: float) -> float:
         load = self._signals.load(ep)
-        reported = load.reported
-        fresh = reported.freshness(now)
+        fresh = load.reported.freshness(now)
         if fresh <= 0.0:
             return (load.pending + 1) / load.effective_weight(now)
         cfg = self._config
+        reported = load.reported.last
         remote = cfg.queue_weight * reported.queue_depth + reported.inflight + load.unreported_pending()
         work = fresh * remote + (1.0 - fresh) * load.pending
         score = (work + 1.0) * (1.0 + cfg.gpu_weight * fresh * reported.gpu_utilization)
