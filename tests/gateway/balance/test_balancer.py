@@ -286,8 +286,9 @@ def test_snapshot_is_json_serialisable_and_complete() -> None:
     json.dumps(rows)
     expected = {
         "url", "state", "health", "weight", "effective_weight", "slow_start", "labels", "pending", "ewma_ms",
-        "reported_queue_depth", "reported_inflight", "reported_gpu_utilization", "reported_gpu_throttled",
-        "report_age_s", "consecutive_failures", "ejections", "ejected_until", "ejected_remaining_s",
+        "reported_queue_depth", "reported_inflight", "reported_utilization", "reported_gpu_utilization",
+        "reported_gpu_throttled", "report_age_s", "consecutive_failures", "ejections", "ejected_until",
+        "ejected_remaining_s",
     }  # fmt: skip
     assert set(rows[0]) == expected
     assert rows[0]["pending"] == 1

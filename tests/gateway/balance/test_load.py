@@ -7,6 +7,10 @@ from fleetserve.gateway.balance.load import (
     LoadConfig,
     PeakEwma,
     ReportedLoad,
+    outstanding,
+    peak_ewma_cost,
+    pending_cost,
+    reported_cost,
 )
 from fleetserve.gateway.balance.slowstart import SlowStartConfig
 from fleetserve.wire import encode_load_report
@@ -78,9 +82,10 @@ def test_reported_load_keeps_the_last_valid_report() -> None:
 
 def test_endpoint_load_cost_and_effective_weight() -> None:
     load = EndpointLoad(3, LoadConfig(ewma_default_rtt_s=0.05), SlowStartConfig(window_s=10.0), now=0.0)
-    assert load.ewma_cost(0.0) == pytest.approx(0.05)
+    assert peak_ewma_cost(load, load, 0.0) == pytest.approx(0.05 / 3)
     load.pending = 3
-    assert load.ewma_cost(0.0) == pytest.approx(0.2)
+    assert peak_ewma_cost(load, load, 0.0) == pytest.approx(0.2 / 3)
+    assert pending_cost(load, load, 0.0) == pytest.approx(4 / 3)
     assert load.effective_weight(0.0) == 3.0
     load.ramp.restart(0.0)
     assert load.effective_weight(5.0) == pytest.approx(1.5)
@@ -117,3 +122,49 @@ def test_outpaced_by_a_hedge_counts_like_a_failure_in_the_estimate() -> None:
     assert load.ewma.estimate(0.0) == pytest.approx(0.020)
     load.outpaced(0.020, now=0.0)
     assert load.ewma.estimate(0.0) == pytest.approx(0.040)  # again: at least double
+
+
+def loaded(pending: int = 0, weight: float = 1.0) -> EndpointLoad:
+    load = EndpointLoad(weight, LoadConfig(report_max_age_s=4.0), SlowStartConfig(), now=0.0)
+    load.pending = load.sent_since_report = pending
+    return load
+
+
+def test_outstanding_work_blends_the_report_with_local_pending_as_it_ages() -> None:
+    load = loaded(pending=2)
+    assert outstanding(load, 0.0) == 2  # no report: this gateway's own count
+    load.report(encode_load_report(queue_depth=10, inflight=4, capacity=32), now=0.0)
+    assert outstanding(load, 0.0) == 14  # every gateway's work, as the replica saw it
+    load.pending = load.sent_since_report = 1  # sent after the report
+    assert outstanding(load, 0.0) == 15
+    assert outstanding(load, 2.0) == pytest.approx(0.5 * 15 + 0.5 * 1)
+    assert outstanding(load, 4.0) == 1
+
+
+def test_peak_ewma_cost_reads_the_reported_queue() -> None:
+    idle_here, busy_here = loaded(pending=0), loaded(pending=3)
+    for load in (idle_here, busy_here):
+        load.ewma.observe(0.010, now=0.0)
+    assert peak_ewma_cost(idle_here, busy_here, 0.0) < peak_ewma_cost(busy_here, idle_here, 0.0)
+    # Another gateway filled the "idle" replica's queue: its report says so.
+    idle_here.report(encode_load_report(queue_depth=20, inflight=8, capacity=32), now=0.0)
+    busy_here.report(encode_load_report(queue_depth=0, inflight=3, capacity=32), now=0.0)
+    busy_here.sent_since_report = 0
+    assert peak_ewma_cost(idle_here, busy_here, 0.0) > peak_ewma_cost(busy_here, idle_here, 0.0)
+
+
+def test_peak_ewma_cost_of_an_unmeasured_endpoint_borrows_its_rivals_latency() -> None:
+    new, warm = loaded(), loaded(pending=1)
+    warm.ewma.observe(0.003, now=0.0)
+    assert peak_ewma_cost(new, warm, 0.0) == pytest.approx(0.003)
+    assert peak_ewma_cost(warm, new, 0.0) == pytest.approx(0.006)
+
+
+def test_reported_cost_weighs_gpu_state_by_freshness() -> None:
+    plain, hot, throttled = loaded(), loaded(), loaded()
+    plain.report(encode_load_report(1, 0, 32), now=0.0)
+    hot.report(encode_load_report(1, 0, 32, {"gpu_utilization": 1.0}), now=0.0)
+    throttled.report(encode_load_report(1, 0, 32, {"gpu_throttled": 1.0}), now=0.0)
+    assert [reported_cost(x, x, 0.0) for x in (plain, hot, throttled)] == [2.0, 4.0, 8.0]
+    assert reported_cost(throttled, throttled, 2.0) == pytest.approx((0.5 * 1 + 1) * 2.5)
+    assert reported_cost(loaded(pending=3, weight=2.0), plain, 0.0) == 2.0

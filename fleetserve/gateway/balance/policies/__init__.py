@@ -1,4 +1,6 @@
-"""Balancing policies, chosen by name; each lives in its own module and is imported only when chosen.
+"""Balancing policies, chosen by name and imported only when chosen: one power-of-two-choices over a
+pluggable cost (:mod:`.p2c`: ``least-pending``, ``p2c-peak-ewma``, ``queue-aware``), round-robin and
+smooth weighted round-robin.
 
 ``POLICIES`` maps the name used on the command line (``--policy``) to ``"module:Class"``. The
 balancer builds its policy with :func:`create_policy` and never imports a concrete one.
@@ -23,9 +25,9 @@ DEFAULT_POLICY = "p2c-peak-ewma"
 POLICIES: Registry[PolicyFactory] = Registry("balancing policy", {
     "round-robin": "fleetserve.gateway.balance.policies.round_robin:RoundRobin",
     "weighted-round-robin": "fleetserve.gateway.balance.policies.weighted_round_robin:WeightedRoundRobin",
-    "least-pending": "fleetserve.gateway.balance.policies.least_pending:LeastPending",
-    "p2c-peak-ewma": "fleetserve.gateway.balance.policies.p2c_peak_ewma:P2CPeakEwma",
-    "queue-aware": "fleetserve.gateway.balance.policies.queue_aware:QueueAware",
+    "least-pending": "fleetserve.gateway.balance.policies.p2c:LeastPending",
+    "p2c-peak-ewma": "fleetserve.gateway.balance.policies.p2c:PeakEwmaP2C",
+    "queue-aware": "fleetserve.gateway.balance.policies.p2c:QueueAware",
 })
 
 
