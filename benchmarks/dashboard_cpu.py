@@ -32,7 +32,7 @@ from fleetserve.deploy.local import free_port
 from fleetserve.engine.builder import build
 from fleetserve.fleet.config import FleetConfig, replica_config
 from fleetserve.fleet.supervisor import Supervisor
-from fleetserve.gateway.balance.balancer import Balancer, BalancerConfig
+from fleetserve.gateway.balance import Balancer, BalancerConfig
 from fleetserve.gateway.balance.discovery import Insert
 from fleetserve.gateway.balance.endpoint import Endpoint
 from fleetserve.gateway.dashboard.sampler import FleetSampler

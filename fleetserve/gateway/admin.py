@@ -12,7 +12,7 @@ from __future__ import annotations
 
 from aiohttp import web
 
-from fleetserve.gateway.balance.balancer import Balancer
+from fleetserve.gateway.balance import Balancer
 from fleetserve.gateway.dashboard import add_dashboard_routes
 from fleetserve.gateway.metrics import GatewayMetrics
 

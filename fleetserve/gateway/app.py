@@ -16,7 +16,7 @@ from aiohttp import web
 from aiohttp.typedefs import Handler, Middleware
 
 from fleetserve.gateway.admin import add_admin_routes
-from fleetserve.gateway.balance.balancer import Balancer
+from fleetserve.gateway.balance import Balancer
 from fleetserve.gateway.config import GatewayConfig
 from fleetserve.gateway.edge import app_kwargs
 from fleetserve.gateway.edge.guards import EdgeGuards

@@ -4,9 +4,10 @@ It holds plain values only (backends as ``URL[=WEIGHT]`` strings, key files as p
 into worker processes unchanged; :meth:`GatewayConfig.endpoints` turns the backends into endpoints.
 
 ``edge`` configures the edge guards (JWT, rate limits, shedding; input limits always on) of the HTTP
-listener; the gRPC listener has none, so it cannot be combined with JWT or rate limits. The body
-limit is one setting: ``max_body_bytes`` here, which :class:`GatewayConfig` writes into
-``edge.limits.max_body_bytes`` so the guards and the proxy can never disagree.
+listener; the gRPC listener has none, so it cannot be combined with JWT or rate limits. Settings that
+two parts read are one setting, written from here into the other part so they can never disagree: the
+body limit ``max_body_bytes`` (into ``edge.limits.max_body_bytes``) and the per-replica in-flight cap
+``edge.shedding.replica_max_inflight`` (into ``balancer.replica_max_inflight``, where it is enforced).
 """
 
 from __future__ import annotations
@@ -14,7 +15,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field, replace
 
 from fleetserve.eventloop import LOOPS
-from fleetserve.gateway.balance.balancer import BalancerConfig
+from fleetserve.gateway.balance import BalancerConfig
 from fleetserve.gateway.balance.endpoint import Endpoint
 from fleetserve.gateway.edge.config import EdgeConfig
 from fleetserve.gateway.forward.hedge import HedgeConfig
@@ -96,6 +97,9 @@ class GatewayConfig:
         if self.edge.limits.max_body_bytes != self.max_body_bytes:
             limits = replace(self.edge.limits, max_body_bytes=self.max_body_bytes)
             object.__setattr__(self, "edge", replace(self.edge, limits=limits))
+        cap = None if self.edge.shedding is None else self.edge.shedding.replica_max_inflight
+        if self.balancer.replica_max_inflight != cap:
+            object.__setattr__(self, "balancer", replace(self.balancer, replica_max_inflight=cap))
         if not 0 <= self.max_retries <= 3:
             raise ValueError(f"max_retries must be in 0..3, got {self.max_retries}")
         if self.retry_after_s < 1:

@@ -27,7 +27,7 @@ from prometheus_client import CollectorRegistry, Counter, Gauge, generate_latest
 from prometheus_client.exposition import CONTENT_TYPE_LATEST
 from prometheus_client.process_collector import ProcessCollector
 
-from fleetserve.gateway.balance.balancer import REMOVED
+from fleetserve.gateway.balance import REMOVED
 from fleetserve.gateway.balance.endpoint import Endpoint
 from fleetserve.telemetry.histogram import LatencyHistogram, Series
 

@@ -37,7 +37,7 @@ from prometheus_client import CollectorRegistry
 from fleetserve.eventloop import loop_factory
 from fleetserve.gateway import access
 from fleetserve.gateway.app import build_app
-from fleetserve.gateway.balance.balancer import Balancer, run_discovery
+from fleetserve.gateway.balance import Balancer, run_discovery
 from fleetserve.gateway.balance.discovery import Discovery, DnsDiscovery, FileDiscovery, Insert
 from fleetserve.gateway.balance.health import run_health_checks
 from fleetserve.gateway.config import GatewayConfig

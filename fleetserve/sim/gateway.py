@@ -21,7 +21,7 @@ import random
 from collections.abc import Callable, Collection, Iterator
 from typing import Generic, TypeVar
 
-from fleetserve.gateway.balance.balancer import Balancer, BalancerConfig, Ticket
+from fleetserve.gateway.balance import Balancer, BalancerConfig, Ticket
 from fleetserve.gateway.balance.discovery import Insert, Remove
 from fleetserve.gateway.balance.endpoint import Endpoint
 from fleetserve.gateway.balance.policies import DEFAULT_POLICY, RequestContext, policy_names

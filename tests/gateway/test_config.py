@@ -7,8 +7,9 @@ from typing import Any
 
 import pytest
 
-from fleetserve.gateway.balance.balancer import BalancerConfig
+from fleetserve.gateway.balance import BalancerConfig
 from fleetserve.gateway.config import GatewayConfig
+from fleetserve.gateway.edge import EdgeConfig, ShedConfig
 
 BACKEND = ("http://127.0.0.1:8000",)
 
@@ -18,6 +19,14 @@ def test_defaults_and_endpoints() -> None:
     assert (config.port, config.workers, config.discovery) == (8080, 1, "static")
     assert [(ep.url, ep.weight) for ep in config.endpoints()] == [
         ("http://10.0.0.1:8000", 3), ("http://10.0.0.2:8000", 1)]
+
+
+def test_the_per_replica_cap_is_one_setting_enforced_by_the_balancer() -> None:
+    edge = EdgeConfig(shedding=ShedConfig(max_inflight=100, replica_max_inflight=4))
+    assert GatewayConfig(backends=BACKEND, edge=edge).balancer.replica_max_inflight == 4
+    assert GatewayConfig(backends=BACKEND).balancer.replica_max_inflight is None
+    with pytest.raises(ValueError, match="replica_max_inflight must be an integer >= 1"):
+        BalancerConfig(replica_max_inflight=0)
 
 
 def test_config_pickles_for_worker_processes() -> None:

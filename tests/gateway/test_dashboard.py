@@ -7,7 +7,7 @@ import random
 
 import pytest
 
-from fleetserve.gateway.balance.balancer import Balancer, BalancerConfig
+from fleetserve.gateway.balance import Balancer, BalancerConfig
 from fleetserve.gateway.balance.discovery import Insert, Remove
 from fleetserve.gateway.balance.endpoint import Endpoint
 from fleetserve.gateway.dashboard.sampler import FleetSampler, quantile

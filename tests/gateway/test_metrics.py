@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from fleetserve.gateway.balance.balancer import REMOVED
+from fleetserve.gateway.balance import REMOVED
 from fleetserve.gateway.balance.endpoint import Endpoint
 from fleetserve.gateway.metrics import NO_BACKEND, GatewayMetrics
 

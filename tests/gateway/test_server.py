@@ -19,7 +19,7 @@ import grpc.aio
 import pytest
 
 from fleetserve import cli
-from fleetserve.gateway.balance.balancer import BalancerConfig
+from fleetserve.gateway.balance import BalancerConfig
 from fleetserve.gateway.command import GatewayOptions
 from fleetserve.gateway.config import GatewayConfig
 from fleetserve.gateway.server import serve_gateway

@@ -5,7 +5,7 @@ from __future__ import annotations
 from collections.abc import Awaitable, Callable, Sequence
 from typing import Any
 
-from fleetserve.gateway.balance.balancer import BalancerConfig
+from fleetserve.gateway.balance import BalancerConfig
 from fleetserve.gateway.config import GatewayConfig
 from fleetserve.gateway.server import GatewayHandle
 

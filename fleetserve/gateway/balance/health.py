@@ -30,7 +30,7 @@ from typing import TYPE_CHECKING, Protocol
 from fleetserve.gateway.balance.endpoint import Endpoint
 
 if TYPE_CHECKING:
-    from fleetserve.gateway.balance.balancer import BalancerConfig
+    from fleetserve.gateway.balance.config import BalancerConfig
 
 log = logging.getLogger(__name__)
 

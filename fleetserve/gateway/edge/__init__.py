@@ -10,8 +10,7 @@ Wiring, for whoever builds the gateway server::
     site = GuardedTCPSite(runner, host, port, edge.limits, observer)  # instead of web.TCPSite
     await site.start()
 
-The proxy adds ``identity_headers(request)`` to upstream requests and, when
-``edge.shedding.replica_max_inflight`` is set, holds a ``ConcurrencyLimiter`` slot per replica.
+The proxy adds ``identity_headers(request)`` to upstream requests.
 """
 
 from fleetserve.gateway.edge.config import EdgeConfig, InputLimits, RateLimitRule, ShedConfig
@@ -20,13 +19,11 @@ from fleetserve.gateway.edge.identity import IDENTITY_HEADERS, IDENTITY_KEY, Ide
 from fleetserve.gateway.edge.jwtconfig import JwtConfig, KeySpec, RouteScope
 from fleetserve.gateway.edge.limits import app_kwargs, server_kwargs
 from fleetserve.gateway.edge.metrics import NullObserver, PrometheusRejections, RejectionObserver
-from fleetserve.gateway.edge.shed import ConcurrencyLimiter
 from fleetserve.gateway.edge.stack import build_middlewares
 
 __all__ = [
     "IDENTITY_HEADERS",
     "IDENTITY_KEY",
-    "ConcurrencyLimiter",
     "ConnectionGuard",
     "EdgeConfig",
     "GuardedTCPSite",

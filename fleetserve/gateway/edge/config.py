@@ -98,8 +98,8 @@ class InputLimits:
 class ShedConfig:
     """Load shedding: ``max_inflight`` requests at once at the gateway (503 + Retry-After beyond).
 
-    ``replica_max_inflight`` is the per-replica cap the proxy enforces with a ``ConcurrencyLimiter``
-    (``None``: no per-replica cap).
+    ``replica_max_inflight`` is the per-replica cap on attempts in flight, which the balancer enforces
+    (``None``: no per-replica cap; see :class:`~fleetserve.gateway.balance.BalancerConfig`).
     """
 
     max_inflight: int

@@ -2,9 +2,9 @@
 the proxy and the listener.
 
 :meth:`EdgeGuards.create` builds the middleware list (:func:`~fleetserve.gateway.edge.build_middlewares`),
-the rejection counter ``fleetserve_gateway_rejected_total{reason}``, the per-replica in-flight limiter
-the proxy applies, and the gauge ``fleetserve_gateway_ratelimit_entries{prefix,key}`` (rate-limit
-buckets held per rule, read at scrape time, so a flood of client addresses shows as a table at its cap).
+the rejection counter ``fleetserve_gateway_rejected_total{reason}``, and the gauge
+``fleetserve_gateway_ratelimit_entries{prefix,key}`` (rate-limit buckets held per rule, read at scrape time,
+so a flood of client addresses shows as a table at its cap).
 """
 
 from __future__ import annotations
@@ -19,7 +19,6 @@ from prometheus_client.core import GaugeMetricFamily
 from prometheus_client.registry import Collector
 
 from fleetserve.gateway.edge import (
-    ConcurrencyLimiter,
     EdgeConfig,
     InputLimits,
     PrometheusRejections,
@@ -57,8 +56,7 @@ class EdgeGuards:
     middlewares: tuple[Middleware, ...]
     observer: RejectionObserver
     limits: InputLimits
-    # Per-replica in-flight cap (None: uncapped) and the Retry-After the proxy sends when all are full.
-    replica_limiter: ConcurrencyLimiter | None
+    # The Retry-After of overload answers (every replica at its in-flight cap).
     retry_after: str
 
     @classmethod
@@ -78,7 +76,6 @@ class EdgeGuards:
             middlewares=tuple(middlewares),
             observer=observer,
             limits=edge.limits,
-            replica_limiter=None if shedding is None else ConcurrencyLimiter.from_config(shedding),
             retry_after=retry_after(1.0 if shedding is None else shedding.retry_after_s),
         )
 

@@ -21,7 +21,7 @@ from typing import Any, NoReturn
 import grpc
 import grpc.aio
 
-from fleetserve.gateway.balance.balancer import Balancer, RequestContext
+from fleetserve.gateway.balance import Balancer, RequestContext
 from fleetserve.gateway.balance.endpoint import Endpoint
 from fleetserve.gateway.config import GatewayConfig
 from fleetserve.gateway.metrics import NO_BACKEND, GatewayMetrics

@@ -21,11 +21,11 @@ With hedging on (:mod:`fleetserve.gateway.forward.hedge`, opt-in), an inference 
 than the route's recent latency percentile gets a copy on another replica within the hedge budget,
 the first answer wins and the slower attempt is cancelled (its connection closed).
 
-With a per-replica in-flight cap (``edge.shedding.replica_max_inflight``, Envoy's per-cluster
-``max_requests`` circuit breaker), a replica at its cap is passed over for another; when every
-replica is at its cap the request is refused at once with 503 + ``Retry-After`` rather than queued,
-so admitted requests keep their latency. Verified caller identity (``X-Fleetserve-Subject`` /
-``-Tenant``) is set here from the auth guard's result; client-sent values never pass.
+With a per-replica in-flight cap (``edge.shedding.replica_max_inflight``, enforced by the balancer), a
+replica at its cap is no candidate; when every replica is at its cap the request is refused at once
+with 503 + ``Retry-After`` rather than queued, so admitted requests keep their latency. Verified caller
+identity (``X-Fleetserve-Subject`` / ``-Tenant``) is set here from the auth guard's result; client-sent
+values never pass.
 """
 
 from __future__ import annotations
@@ -40,7 +40,7 @@ from typing import Any
 from aiohttp import web
 from multidict import CIMultiDict
 
-from fleetserve.gateway.balance.balancer import Balancer, RequestContext
+from fleetserve.gateway.balance import Balancer, RequestContext
 from fleetserve.gateway.balance.endpoint import Endpoint
 from fleetserve.gateway.balance.health import Probe
 from fleetserve.gateway.config import GatewayConfig
@@ -112,7 +112,6 @@ class Proxy:
         self._upstreams = upstreams
         self._metrics = metrics
         self._guards = guards
-        self._replica_limiter = guards.replica_limiter
         self._ids = ids if ids is not None else IdGenerator()
         self._clock = clock
         self._hedger = Hedger(config.hedge)
@@ -189,27 +188,25 @@ class Proxy:
         saturated = False
         hedge_delay = self._hedger.delay_s(ctx.method, ctx.path)
         for _ in range(self._config.max_retries + 1):
-            ep, saturated = self._pick(ctx, tried)
+            ep = balancer.pick(ctx, tried)
             if ep is None:
+                saturated = balancer.capped(tried)
                 break
-            try:
-                if loop.time() >= deadline:
-                    return self._deadline_passed(timeout_s, ctx.request_id)
-                if outcome is None:
-                    outcome = await self._try(ep, ctx, target, headers, body, deadline, tried, hedge_delay)
-                elif not outcome.sent or balancer.retry_budget.try_acquire():
-                    budgeted = outcome.sent
-                    self._metrics.retries.inc()
-                    try:
-                        outcome = await self._attempt(ep, ctx, target, headers, body, deadline)
-                    finally:
-                        if budgeted:
-                            balancer.retry_budget.release()
-                else:
-                    self._metrics.retry_budget_exhausted.inc()
-                    break
-            finally:
-                self._release_slot(ep)
+            if loop.time() >= deadline:
+                return self._deadline_passed(timeout_s, ctx.request_id)
+            if outcome is None:
+                outcome = await self._try(ep, ctx, target, headers, body, deadline, tried, hedge_delay)
+            elif not outcome.sent or balancer.retry_budget.try_acquire():
+                budgeted = outcome.sent
+                self._metrics.retries.inc()
+                try:
+                    outcome = await self._attempt(ep, ctx, target, headers, body, deadline)
+                finally:
+                    if budgeted:
+                        balancer.retry_budget.release()
+            else:
+                self._metrics.retry_budget_exhausted.inc()
+                break
             if outcome.response.status == 504 and loop.time() >= deadline:
                 return self._deadline_passed(timeout_s, ctx.request_id)
             if not outcome.retryable:
@@ -241,11 +238,7 @@ class Proxy:
             tried.append(hedge_ep)
             return self._attempt(hedge_ep, ctx, target, headers, body, deadline)
 
-        try:
-            outcome, from_hedge = await race(first, hedge_delay, start_hedge, _answered)
-        finally:
-            if hedge_ep is not None:
-                self._release_slot(hedge_ep)
+        outcome, from_hedge = await race(first, hedge_delay, start_hedge, _answered)
         if hedge_ep is not None:
             self._metrics.hedges.labels("won" if from_hedge else "lost").inc()
         if from_hedge:
@@ -258,44 +251,23 @@ class Proxy:
             self._balancer.load(ep).outpaced(now - sent_at, now)
 
     def _hedge_target(self, ctx: RequestContext, exclude: list[Endpoint], deadline: float) -> Endpoint | None:
-        """Another replica for a hedge, holding its in-flight slot when capped; None when no replica or no
-        hedge budget is left."""
+        """Another replica for a hedge; None when no replica or no hedge budget is left."""
         if asyncio.get_running_loop().time() >= deadline:
             return None
         budget = self._hedger.budget
         if not budget.available():
             self._metrics.hedges_skipped.labels("budget").inc()
             return None
-        ep, _ = self._pick(ctx, exclude)
+        ep = self._balancer.pick(ctx, exclude)
         if ep is None:
             self._metrics.hedges_skipped.labels("no_backend").inc()
             return None
         budget.take()
         return ep
 
-    def _release_slot(self, ep: Endpoint) -> None:
-        if self._replica_limiter is not None:
-            self._replica_limiter.release(ep.url)
-
-    def _pick(self, ctx: RequestContext, tried: list[Endpoint]) -> tuple[Endpoint | None, bool]:
-        """A replica outside ``tried`` holding one of its in-flight slots when capped (released by the
-        caller), and whether some replica was passed over for being at its cap."""
-        ep = self._balancer.pick(ctx, exclude=tried)
-        limiter = self._replica_limiter
-        if limiter is None or ep is None or limiter.try_acquire(ep.url):
-            return ep, False
-        full = [*tried, ep]
-        while True:  # each round excludes one more replica, so this ends within the fleet's size
-            ep = self._balancer.pick(ctx, exclude=full)
-            if ep is None or limiter.try_acquire(ep.url):
-                return ep, True
-            full.append(ep)
-
     def _saturated(self, rid: str) -> _Outcome:
         self._guards.observer.rejected("overloaded")
-        limiter = self._replica_limiter
-        assert limiter is not None
-        message = f"every replica is at its limit of {limiter.limit} requests in flight"
+        message = f"every replica is at its limit of {self._balancer.config.replica_max_inflight} requests in flight"
         return _Outcome(error_response(503, message, rid, retry_after=self._guards.retry_after), NO_BACKEND,
                         retryable=False)
 

@@ -4,7 +4,7 @@ from typing import Any
 
 import pytest
 
-from fleetserve.gateway.balance.balancer import REMOVED, Balancer, BalancerConfig, run_discovery
+from fleetserve.gateway.balance import REMOVED, Balancer, BalancerConfig, run_discovery
 from fleetserve.gateway.balance.discovery import Insert, Remove, StaticDiscovery
 from fleetserve.gateway.balance.endpoint import Endpoint
 from fleetserve.gateway.balance.health import HealthState
@@ -308,3 +308,41 @@ def test_apply_rejects_unknown_events() -> None:
     balancer, _, _, _ = make(1)
     with pytest.raises(TypeError, match="unknown discovery event"):
         balancer.apply("insert http://x:1")  # type: ignore[arg-type]
+
+
+def test_an_endpoint_at_its_cap_is_no_candidate_until_an_attempt_ends() -> None:
+    balancer, (a, b), _, _ = make(2, replica_max_inflight=2)
+    tickets = [balancer.start(a), balancer.start(a)]
+    assert {balancer.pick(CTX) for _ in range(50)} == {b}
+    assert balancer.capped() and not balancer.capped(exclude=[a])
+    tickets.append(balancer.start(b))
+    tickets.append(balancer.start(b))
+    assert balancer.pick(CTX) is None and balancer.capped()
+    assert balancer.pick(CTX, exclude=[a]) is None and balancer.capped([a])
+    tickets[0].finish(status=200, latency_s=0.01)
+    assert balancer.pick(CTX) == a
+    assert balancer.pick(CTX, exclude=[a]) is None and balancer.capped([a])
+    for ticket in tickets[1:]:
+        ticket.finish(status=200, latency_s=0.01)
+    assert {balancer.pick(CTX) for _ in range(50)} == {a, b} and not balancer.capped()
+
+
+def test_cap_counts_survive_removal_and_reinsertion() -> None:
+    balancer, (a, b), _, _ = make(2, replica_max_inflight=1)
+    old = balancer.start(a)
+    balancer.apply(Remove(a))
+    balancer.apply(Insert(a))  # a fresh entry: nothing in flight on it yet
+    assert {balancer.pick(CTX) for _ in range(50)} == {a, b}
+    old.finish(status=200, latency_s=0.01)  # the removed entry's attempt ends: no effect on the new one
+    balancer.start(a)
+    balancer.start(b)
+    assert balancer.pick(CTX) is None and balancer.capped()
+
+
+def test_an_unhealthy_endpoint_at_its_cap_does_not_make_the_fleet_saturated() -> None:
+    balancer, (a, b), _, _ = make(2, replica_max_inflight=1, panic_threshold_percent=0)
+    balancer.start(a)
+    for _ in range(3):
+        balancer.set_probe_result(a, False)
+        balancer.set_probe_result(b, False)
+    assert balancer.pick(CTX) is None and not balancer.capped()

@@ -5,7 +5,7 @@ from collections import Counter
 
 import pytest
 
-from fleetserve.gateway.balance.balancer import Balancer, BalancerConfig
+from fleetserve.gateway.balance import Balancer, BalancerConfig
 from fleetserve.gateway.balance.discovery import Insert
 from fleetserve.gateway.balance.endpoint import Endpoint
 from fleetserve.gateway.balance.load import (

@@ -10,7 +10,7 @@ from collections.abc import Awaitable, Callable
 import aiohttp
 from prometheus_client import CollectorRegistry
 
-from fleetserve.gateway.balance.balancer import BalancerConfig
+from fleetserve.gateway.balance import BalancerConfig
 from fleetserve.gateway.edge import EdgeConfig, InputLimits, RateLimitRule, ShedConfig
 from fleetserve.gateway.edge.guards import RATELIMIT_ENTRIES, EdgeGuards
 from fleetserve.gateway.edge.ratelimit import RateLimitMiddleware
@@ -27,7 +27,6 @@ def test_defaults_are_the_input_limits_only() -> None:
     registry = CollectorRegistry()
     guards = EdgeGuards.create(EdgeConfig(), registry)
     assert [type(m).__name__ for m in guards.middlewares] == ["HeadLimits", "BodyLimits"]
-    assert guards.replica_limiter is None
     assert registry.get_sample_value("fleetserve_gateway_rejected_total", {"reason": "overloaded"}) == 0.0
     assert registry.get_sample_value(RATELIMIT_ENTRIES, {"prefix": "/", "key": "ip"}) is None
 

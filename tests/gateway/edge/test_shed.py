@@ -1,15 +1,14 @@
-"""Load shedding over HTTP (503 + Retry-After beyond the in-flight cap) and ConcurrencyLimiter."""
+"""Load shedding over HTTP: 503 + Retry-After beyond the in-flight cap."""
 
 from __future__ import annotations
 
 import asyncio
 
-import pytest
 from aiohttp import web
 from aiohttp.typedefs import Handler
 
 from fleetserve.gateway.edge.config import ShedConfig
-from fleetserve.gateway.edge.shed import ConcurrencyLimiter, LoadShedMiddleware
+from fleetserve.gateway.edge.shed import LoadShedMiddleware
 from tests.support.jwt_keys import ServeFn
 
 
@@ -52,36 +51,3 @@ async def test_inflight_is_released_when_the_handler_fails(serve: ServeFn) -> No
     client = await serve([shed, boom])
     assert [(await client.get("/")).status for _ in range(3)] == [400, 400, 400]
     assert shed.inflight == 0
-
-
-def test_concurrency_limiter_per_key() -> None:
-    limiter = ConcurrencyLimiter(2)
-    assert limiter.try_acquire("r1") and limiter.try_acquire("r1")
-    assert not limiter.try_acquire("r1")
-    assert limiter.try_acquire("r2")
-    assert (limiter.inflight("r1"), limiter.available("r1"), limiter.available("r2")) == (2, False, True)
-    limiter.release("r1")
-    assert limiter.available("r1") and limiter.try_acquire("r1")
-    for key in ("r1", "r1", "r2"):
-        limiter.release(key)
-    assert limiter.inflight("r1") == 0 and limiter._counts == {}
-    with pytest.raises(RuntimeError, match="without a matching try_acquire"):
-        limiter.release("r1")
-
-
-def test_concurrency_limiter_hold_releases_only_what_it_took() -> None:
-    limiter = ConcurrencyLimiter(1)
-    with limiter.hold("r") as first:
-        assert first
-        with limiter.hold("r") as second:
-            assert not second
-        assert limiter.inflight("r") == 1
-    assert limiter.inflight("r") == 0
-
-
-def test_limiter_from_config() -> None:
-    assert ConcurrencyLimiter.from_config(ShedConfig(max_inflight=10)) is None
-    limiter = ConcurrencyLimiter.from_config(ShedConfig(max_inflight=10, replica_max_inflight=4))
-    assert limiter is not None and limiter.limit == 4
-    with pytest.raises(ValueError, match="limit must be an integer >= 1"):
-        ConcurrencyLimiter(0)

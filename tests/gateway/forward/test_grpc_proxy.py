@@ -13,7 +13,7 @@ import grpc
 import grpc.aio
 import pytest
 
-from fleetserve.gateway.balance.balancer import Balancer, BalancerConfig
+from fleetserve.gateway.balance import Balancer, BalancerConfig
 from fleetserve.gateway.balance.discovery import Insert
 from fleetserve.gateway.balance.endpoint import Endpoint
 from fleetserve.gateway.forward.grpc_proxy import GrpcProxy, grpc_target, start_grpc_server

@@ -10,7 +10,7 @@ from collections.abc import Awaitable, Callable
 
 import aiohttp
 
-from fleetserve.gateway.balance.balancer import BalancerConfig
+from fleetserve.gateway.balance import BalancerConfig
 from fleetserve.telemetry.tracing import parse_traceparent
 from fleetserve.wire import LOAD_REPORT_HEADER
 from tests.support.fake_replica import FakeReplica

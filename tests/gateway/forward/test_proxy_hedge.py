@@ -8,7 +8,7 @@ from collections.abc import Awaitable, Callable
 
 import aiohttp
 
-from fleetserve.gateway.balance.balancer import BalancerConfig
+from fleetserve.gateway.balance import BalancerConfig
 from fleetserve.gateway.forward.hedge import HedgeConfig
 from tests.support.fake_replica import FakeReplica
 from tests.support.gateways import StartGateway
