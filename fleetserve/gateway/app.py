@@ -9,8 +9,7 @@ each skipping the paths ``edge.exempt_paths`` lists), then any extra ``middlewar
 
 from __future__ import annotations
 
-import time
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 
 from aiohttp import web
 from aiohttp.typedefs import Handler, Middleware
@@ -20,7 +19,8 @@ from fleetserve.gateway.balance import Balancer
 from fleetserve.gateway.config import GatewayConfig
 from fleetserve.gateway.edge import app_kwargs
 from fleetserve.gateway.edge.guards import EdgeGuards
-from fleetserve.gateway.forward.proxy import Proxy
+from fleetserve.gateway.forward.core import Forwarder
+from fleetserve.gateway.forward.http import HttpForwarding
 from fleetserve.gateway.forward.upstream import UpstreamPools
 from fleetserve.gateway.metrics import NO_BACKEND, GatewayMetrics
 from fleetserve.telemetry.tracing import IdGenerator, request_id
@@ -50,20 +50,17 @@ def _json_errors(metrics: GatewayMetrics, ids: IdGenerator) -> Middleware:
     return json_errors
 
 
-def build_app(config: GatewayConfig, balancer: Balancer, upstreams: UpstreamPools, metrics: GatewayMetrics,
-              middlewares: Sequence[Middleware] = (), *, ids: IdGenerator | None = None,
-              guards: EdgeGuards | None = None, clock: Callable[[], float] = time.monotonic) -> web.Application:
-    """The application; ``guards`` defaults to those of ``config.edge``, registered in ``metrics.registry``."""
-    ids = ids if ids is not None else IdGenerator()
-    if guards is None:
-        guards = EdgeGuards.create(config.edge, metrics.registry, clock)
+def build_app(config: GatewayConfig, forwarder: Forwarder, balancer: Balancer, pools: UpstreamPools,
+              metrics: GatewayMetrics, guards: EdgeGuards, ids: IdGenerator,
+              middlewares: Sequence[Middleware] = ()) -> web.Application:
+    """The application: ``guards``' middlewares outermost, then ``middlewares``, then the routes."""
     app = web.Application(
         middlewares=[*guards.middlewares, *middlewares, _json_errors(metrics, ids)],
         **app_kwargs(config.edge.limits),
     )
-    proxy = Proxy(config, balancer, upstreams, metrics, ids=ids, guards=guards, clock=clock)
+    forwarding = HttpForwarding(forwarder, pools, metrics, config, ids)
     add_admin_routes(app, balancer, metrics)
     for path in PROXIED_PATHS:
-        app.router.add_route("GET", path, proxy.handle)
-        app.router.add_route("POST", path, proxy.handle)
+        app.router.add_route("GET", path, forwarding.handle)
+        app.router.add_route("POST", path, forwarding.handle)
     return app

@@ -3,8 +3,8 @@
 It holds plain values only (backends as ``URL[=WEIGHT]`` strings, key files as paths), so it pickles
 into worker processes unchanged; :meth:`GatewayConfig.endpoints` turns the backends into endpoints.
 
-``edge`` configures the edge guards (JWT, rate limits, shedding; input limits always on) of the HTTP
-listener; the gRPC listener has none, so it cannot be combined with JWT or rate limits. Settings that
+``edge`` configures the edge guards (JWT, rate limits, shedding; input limits always on) of both
+listeners, HTTP and gRPC. Settings that
 two parts read are one setting, written from here into the other part so they can never disagree: the
 body limit ``max_body_bytes`` (into ``edge.limits.max_body_bytes``) and the per-replica in-flight cap
 ``edge.shedding.replica_max_inflight`` (into ``balancer.replica_max_inflight``, where it is enforced).
@@ -91,9 +91,6 @@ class GatewayConfig:
             raise ValueError(f"max_body_bytes must be >= 1, got {self.max_body_bytes}")
         if not isinstance(self.edge, EdgeConfig):
             raise ValueError(f"edge must be an EdgeConfig, got {type(self.edge).__name__}")
-        if self.grpc_port and (self.edge.jwt is not None or self.edge.rate_limits):
-            # The guards are HTTP middlewares; a gRPC listener beside them would be a way around them.
-            raise ValueError("JWT auth and rate limits guard HTTP only: they cannot be combined with --grpc-port")
         if self.edge.limits.max_body_bytes != self.max_body_bytes:
             limits = replace(self.edge.limits, max_body_bytes=self.max_body_bytes)
             object.__setattr__(self, "edge", replace(self.edge, limits=limits))

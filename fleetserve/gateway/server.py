@@ -43,12 +43,16 @@ from fleetserve.gateway.balance.health import run_health_checks
 from fleetserve.gateway.config import GatewayConfig
 from fleetserve.gateway.edge import server_kwargs
 from fleetserve.gateway.edge.guards import EdgeGuards
-from fleetserve.gateway.edge.listen import guarded_site
-from fleetserve.gateway.forward.grpc_proxy import GrpcProxy, start_grpc_server
-from fleetserve.gateway.forward.proxy import readiness_probe
+from fleetserve.gateway.edge.listen import guarded_site, start_grpc_server
+from fleetserve.gateway.forward.channels import GrpcChannels
+from fleetserve.gateway.forward.core import Forwarder
+from fleetserve.gateway.forward.grpc import GrpcForwarding
+from fleetserve.gateway.forward.http import readiness_probe
 from fleetserve.gateway.forward.upstream import UpstreamPools
 from fleetserve.gateway.metrics import GatewayMetrics
 from fleetserve.telemetry import logs
+from fleetserve.telemetry.tracing import IdGenerator
+from fleetserve.wire import retry_after
 
 log = logging.getLogger(__name__)
 
@@ -88,14 +92,13 @@ def make_discovery(config: GatewayConfig) -> Discovery | None:
     return None
 
 
-async def _prune_loop(balancer: Balancer, upstreams: UpstreamPools, grpc_proxy: GrpcProxy | None) -> None:
+async def _prune_loop(balancer: Balancer, upstreams: UpstreamPools, channels: GrpcChannels) -> None:
     """Close connections to replicas that discovery removed."""
     while True:
         await asyncio.sleep(_PRUNE_INTERVAL_S)
         urls = [ep.url for ep in balancer.endpoints()]
         await upstreams.retain(urls)
-        if grpc_proxy is not None:
-            await grpc_proxy.retain(urls)
+        await channels.retain(urls)
 
 
 @contextlib.asynccontextmanager
@@ -115,13 +118,13 @@ async def serve_gateway(
     metrics = GatewayMetrics()
     balancer = Balancer(config.balancer, clock=clock, rng=rng, observer=metrics)
     upstreams = UpstreamPools(config.upstream, clock=clock)
-    grpc_proxy = GrpcProxy(config, balancer, metrics, clock=clock) if config.grpc_port else None
+    channels = GrpcChannels(config.backend_grpc_port_offset, config.max_body_bytes)
     if discovery is None:
         discovery = make_discovery(config)
         if discovery is None:
             for ep in config.endpoints():
                 balancer.apply(Insert(ep))
-    background: list[Coroutine[Any, Any, None]] = [_prune_loop(balancer, upstreams, grpc_proxy)]
+    background: list[Coroutine[Any, Any, None]] = [_prune_loop(balancer, upstreams, channels)]
     if discovery is not None:
         background.append(run_discovery(balancer, discovery))
     if config.health_checks:
@@ -131,19 +134,28 @@ async def serve_gateway(
     grpc_server: grpc.aio.Server | None = None
     try:
         guards = EdgeGuards.create(config.edge, metrics.registry, clock)
+        forwarder = Forwarder(balancer, metrics, config.hedge, guards.observer, max_retries=config.max_retries,
+                              retry_after=retry_after(config.retry_after_s),
+                              overload_retry_after=guards.retry_after, clock=clock)
+        ids = IdGenerator()
         extra = middlewares(metrics.registry) if middlewares else ()
-        app = build_app(config, balancer, upstreams, metrics, extra, guards=guards, clock=clock)
+        app = build_app(config, forwarder, balancer, upstreams, metrics, guards, ids, extra)
+        # handler_cancellation: a client that hangs up cancels its request's task, and with it the attempt
+        # in flight, whose upstream connection closes, so the replica sees the disconnect too.
         runner = web.AppRunner(app, access_log_class=access.access_logger(metrics), access_log=access.LOGGER,
                                handle_signals=False, shutdown_timeout=_SHUTDOWN_GRACE_S,
-                               **server_kwargs(config.edge.limits))
+                               handler_cancellation=True, **server_kwargs(config.edge.limits))
         await runner.setup()
         site = guarded_site(runner, config.host, config.port, guards.limits, guards.observer, reuse_port=reuse_port)
         await site.start()
         port = int(runner.addresses[0][1])
         grpc_port: int | None = None
-        if grpc_proxy is not None:
-            grpc_server, grpc_port = await start_grpc_server(grpc_proxy, config.host, config.grpc_port,
-                                                             reuse_port=reuse_port)
+        if config.grpc_port:
+            handler = GrpcForwarding(forwarder, balancer, guards.grpc, metrics, channels,
+                                     default_timeout_s=config.request_timeout_ms / 1000.0,
+                                     max_timeout_s=config.max_request_timeout_ms / 1000.0, ids=ids)
+            grpc_server, grpc_port = await start_grpc_server(handler, config.host, config.grpc_port,
+                                                             config.edge.limits, reuse_port=reuse_port)
         yield GatewayHandle(config, balancer, metrics, upstreams, port, grpc_port, guards)
     finally:
         for task in tasks:
@@ -154,8 +166,7 @@ async def serve_gateway(
         if runner is not None:
             await runner.cleanup()
         await upstreams.close()
-        if grpc_proxy is not None:
-            await grpc_proxy.close()
+        await channels.close()
 
 
 async def _serve_until_signalled(config: GatewayConfig, worker: bool,

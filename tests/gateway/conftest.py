@@ -1,4 +1,5 @@
-"""Gateway test fixtures: scripted raw TCP servers, fake replicas, in-process gateways, a blackholed port.
+"""Gateway test fixtures: scripted raw TCP servers, fake replicas (aiohttp apps and grpc.aio servers),
+in-process gateways (with a gRPC listener too), a blackholed port.
 
 Everything listens on 127.0.0.1 on a free port and is closed when the test ends; the classes behind the
 fixtures live in ``tests/support``.
@@ -15,15 +16,20 @@ from pathlib import Path
 from typing import Any
 
 import aiohttp
+import grpc
+import grpc.aio
 import pytest
 
+from fleetserve.gateway.balance import Remove
 from fleetserve.gateway.server import GatewayHandle, serve_gateway
 from tests.support.fake_replica import FakeReplica
 from tests.support.gateways import StartGateway, gateway_config
+from tests.support.grpc_replica import GrpcFront, GrpcReplica, StartGrpcFront
+from tests.support.procs import free_port
 from tests.support.rawserver import Handler, RawServer
 
 # The gateway runs on uvloop when it is installed, so the data-plane tests run on both loops.
-_BOTH_LOOPS = frozenset({"test_upstream.py", "test_proxy.py"})
+_BOTH_LOOPS = frozenset({"test_upstream.py", "test_http.py"})
 _FORWARD_TESTS = Path(__file__).parent / "forward"
 
 
@@ -104,3 +110,25 @@ async def gateway() -> AsyncIterator[StartGateway]:
 async def client() -> AsyncIterator[aiohttp.ClientSession]:
     async with aiohttp.ClientSession() as session:
         yield session
+
+
+@pytest.fixture
+async def grpc_front(gateway: StartGateway) -> AsyncIterator[StartGrpcFront]:
+    """``n`` gRPC replicas behind an in-process gateway with a gRPC listener (``overrides``: GatewayConfig)."""
+    cleanup: list[Callable[[], Awaitable[Any]]] = []
+
+    async def start(n: int, **overrides: Any) -> tuple[GrpcFront, list[GrpcReplica]]:
+        fleet = [await GrpcReplica(f"g{i}").start() for i in range(n)]
+        cleanup.extend(r.stop for r in fleet)
+        settings: dict[str, Any] = {"grpc_port": free_port(), "backend_grpc_port_offset": 0,
+                                    "request_timeout_ms": 2000, **overrides}
+        handle = await gateway([r.url for r in fleet] or ["http://127.0.0.1:1"], **settings)
+        if not fleet:
+            handle.balancer.apply(Remove(handle.balancer.endpoints()[0]))
+        channel = grpc.aio.insecure_channel(f"127.0.0.1:{handle.grpc_port}")
+        cleanup.append(channel.close)
+        return GrpcFront(handle, channel), fleet
+
+    yield start
+    for step in reversed(cleanup):
+        await step()

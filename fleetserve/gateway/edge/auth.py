@@ -21,8 +21,8 @@ from fleetserve.gateway.edge.identity import IDENTITY_KEY, Identity
 from fleetserve.gateway.edge.jwtconfig import JwtConfig, RouteScope
 from fleetserve.gateway.edge.keyset import JwksFetcher, KeySet, fetch_jwks
 from fleetserve.gateway.edge.metrics import NullObserver, RejectionObserver
+from fleetserve.gateway.edge.rejection import Rejection
 from fleetserve.gateway.edge.tokens import AuthError, TokenVerifier
-from fleetserve.wire import error_response
 
 # RFC 6750 §3: error_description and scope are quoted-strings limited to these characters.
 _QUOTABLE = frozenset(chr(c) for c in range(0x20, 0x7F)) - {'"', "\\"}
@@ -65,7 +65,7 @@ class JwtAuthMiddleware:
     ) -> None:
         self.verifier = verifier
         self._routes = config.route_scopes
-        self._exempt = frozenset(exempt_paths)
+        self.exempt = frozenset(exempt_paths)
         self._observer = observer or NullObserver()
 
     @classmethod
@@ -84,9 +84,16 @@ class JwtAuthMiddleware:
 
     async def __call__(self, request: web.Request, handler: Handler) -> web.StreamResponse:
         path = request.path
-        if path in self._exempt:
+        if path in self.exempt:
             return await handler(request)
-        authorization = request.headers.get("Authorization")
+        result = await self.authenticate(path, request.headers.get("Authorization"))
+        if isinstance(result, Rejection):
+            return result.response()
+        request[IDENTITY_KEY] = result
+        return await handler(request)
+
+    async def authenticate(self, path: str, authorization: str | None) -> Identity | Rejection:
+        """The verified caller of a request to ``path`` with this ``Authorization`` value, or why not."""
         if authorization is None:
             return self._unauthorized("missing_token", "missing bearer token (Authorization: Bearer ...)")
         scheme, _, token = authorization.strip().partition(" ")
@@ -104,15 +111,14 @@ class JwtAuthMiddleware:
             scopes, claims = missing_grants(identity, routes)
             if scopes or claims:
                 return self._forbidden(scopes, claims)
-        request[IDENTITY_KEY] = identity
-        return await handler(request)
+        return identity
 
-    def _unauthorized(self, reason: str, description: str) -> web.Response:
+    def _unauthorized(self, reason: str, description: str) -> Rejection:
         self._observer.rejected(reason)
         header = challenge() if reason == "missing_token" else challenge("invalid_token", description)
-        return error_response(401, description, {"WWW-Authenticate": header})
+        return Rejection(401, reason, description, {"WWW-Authenticate": header})
 
-    def _forbidden(self, scopes: list[str], claims: list[str]) -> web.Response:
+    def _forbidden(self, scopes: list[str], claims: list[str]) -> Rejection:
         self._observer.rejected("insufficient_scope")
         parts = []
         if scopes:
@@ -121,4 +127,4 @@ class JwtAuthMiddleware:
             parts.append(f"claim {', '.join(claims)}")
         description = f"token lacks required {' and '.join(parts)}"
         header = challenge("insufficient_scope", description, " ".join(scopes) if scopes else None)
-        return error_response(403, description, {"WWW-Authenticate": header})
+        return Rejection(403, "insufficient_scope", description, {"WWW-Authenticate": header})

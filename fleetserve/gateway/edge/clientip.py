@@ -43,11 +43,6 @@ def parse_ip(text: str) -> IPAddress | None:
     return address
 
 
-def forwarded_for(request: web.BaseRequest) -> list[str]:
-    """All ``X-Forwarded-For`` entries, left to right, across repeated header lines."""
-    return [entry for line in request.headers.getall("X-Forwarded-For", ()) for entry in line.split(",")]
-
-
 class ClientAddress:
     """Resolves the client address of requests for one list of trusted proxy networks."""
 
@@ -63,7 +58,12 @@ class ClientAddress:
         return str(address), any(address in network for network in self.trusted)
 
     def __call__(self, request: web.BaseRequest) -> str:
-        peer = request.remote
+        if not self.trusted or "X-Forwarded-For" not in request.headers:
+            return self.resolve(request.remote, ())
+        return self.resolve(request.remote, request.headers.getall("X-Forwarded-For"))
+
+    def resolve(self, peer: str | None, forwarded_lines: Sequence[str]) -> str:
+        """The client of a request from ``peer`` that carried these ``X-Forwarded-For`` lines."""
         if not peer:
             return UNKNOWN_CLIENT
         if not self.trusted:
@@ -71,8 +71,9 @@ class ClientAddress:
         current = self._classify(peer)
         if current is None:
             return peer
-        if current[1] and "X-Forwarded-For" in request.headers:
-            for entry in reversed(forwarded_for(request)):
+        if current[1] and forwarded_lines:
+            entries = [entry for line in forwarded_lines for entry in line.split(",")]
+            for entry in reversed(entries):
                 hop = self._classify(entry.strip())
                 if hop is None:
                     break

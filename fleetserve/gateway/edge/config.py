@@ -19,7 +19,9 @@ from fleetserve.gateway.edge.jwtconfig import JwtConfig
 IPNetwork = ipaddress.IPv4Network | ipaddress.IPv6Network
 RateKey = Literal["ip", "subject", "tenant"]
 RATE_KEYS: tuple[RateKey, ...] = ("ip", "subject", "tenant")
-DEFAULT_EXEMPT_PATHS = ("/healthz", "/readyz", "/metrics", "/v2/health/live", "/v2/health/ready")
+# Probes and scrapes; the last two are the gRPC listener's health methods (a call's path is its method).
+DEFAULT_EXEMPT_PATHS = ("/healthz", "/readyz", "/metrics", "/v2/health/live", "/v2/health/ready",
+                        "/inference.GRPCInferenceService/ServerLive", "/inference.GRPCInferenceService/ServerReady")
 
 
 def _positive(name: str, value: float) -> None:

@@ -50,8 +50,11 @@ def header_value(value: str) -> str:
 def identity_headers(request: web.BaseRequest) -> dict[str, str]:
     """Headers the proxy sets on the upstream request (empty when the request is anonymous)."""
     identity = identity_of(request)
-    if identity is None:
-        return {}
+    return {} if identity is None else headers_of(identity)
+
+
+def headers_of(identity: Identity) -> dict[str, str]:
+    """The identity headers that carry ``identity`` to replicas (lowercase them for gRPC metadata)."""
     headers = {SUBJECT_HEADER: header_value(identity.subject)}
     if identity.tenant is not None:
         headers[TENANT_HEADER] = header_value(identity.tenant)

@@ -27,9 +27,10 @@ from aiohttp.typedefs import Handler
 
 from fleetserve.gateway.edge.clientip import ClientAddress
 from fleetserve.gateway.edge.config import IPNetwork, RateLimitRule
-from fleetserve.gateway.edge.identity import identity_of
+from fleetserve.gateway.edge.identity import Identity, identity_of
 from fleetserve.gateway.edge.metrics import NullObserver, RejectionObserver
-from fleetserve.wire import error_response, retry_after
+from fleetserve.gateway.edge.rejection import Rejection
+from fleetserve.wire import retry_after
 
 # Refill arithmetic in floats can land a hair below a whole token (3 x 1/300 s x 100/s); without this
 # slack such a request would be refused and the fraction lost at the burst cap on the next refill.
@@ -137,14 +138,14 @@ class RateLimitMiddleware:
     ) -> None:
         self.limiter = limiter
         self._kinds = tuple(rule.key for rule in limiter.rules)
-        self._needs_identity = any(kind != "ip" for kind in self._kinds)
-        self._client_address = ClientAddress(trusted_proxies)
-        self._exempt = frozenset(exempt_paths)
+        self.client_address = ClientAddress(trusted_proxies)
+        self.exempt = frozenset(exempt_paths)
+        self.needs_identity = any(kind != "ip" for kind in self._kinds)
         self._observer = observer or NullObserver()
 
-    def keys(self, request: web.BaseRequest, indices: Sequence[int]) -> list[str]:
-        """The bucket key of ``request`` under each rule in ``indices``; without an identity, its IP."""
-        identity = identity_of(request) if self._needs_identity else None
+    def keys(self, indices: Sequence[int], identity: Identity | None, client_ip: Callable[[], str]) -> list[str]:
+        """The bucket key of a request under each rule in ``indices``: its verified identity where the rule
+        is keyed by one and the request has it, else its client IP (``client_ip()``, asked at most once)."""
         ip_key = ""
         keys = []
         for i in indices:
@@ -156,24 +157,29 @@ class RateLimitMiddleware:
                 keys.append(f"{kind}:{value}")
                 continue
             if not ip_key:
-                ip_key = "ip:" + self._client_address(request)
+                ip_key = "ip:" + client_ip()
             keys.append(ip_key)
         return keys
 
-    async def __call__(self, request: web.Request, handler: Handler) -> web.StreamResponse:
-        path = request.path
-        if path in self._exempt:
-            return await handler(request)
+    def admit(self, path: str, identity: Identity | None, client_ip: Callable[[], str]) -> Rejection | None:
+        """Take a token for a request to ``path`` from every matching rule's bucket, or refuse it (429)."""
         indices = self.limiter.matching(path)
         if not indices:
-            return await handler(request)
-        refusal = self.limiter.admit(indices, self.keys(request, indices))
+            return None
+        refusal = self.limiter.admit(indices, self.keys(indices, identity, client_ip))
         if refusal is None:
-            return await handler(request)
+            return None
         self._observer.rejected("rate_limited")
         rule = refusal.rule
-        return error_response(
-            429,
-            f"rate limit of {rule.rate:g}/s (burst {rule.burst}) per {rule.key} exceeded on {rule.prefix}",
-            refusal.headers(),
-        )
+        message = f"rate limit of {rule.rate:g}/s (burst {rule.burst}) per {rule.key} exceeded on {rule.prefix}"
+        return Rejection(429, "rate_limited", message, refusal.headers())
+
+    async def __call__(self, request: web.Request, handler: Handler) -> web.StreamResponse:
+        path = request.path
+        if path in self.exempt:
+            return await handler(request)
+        identity = identity_of(request) if self.needs_identity else None
+        rejection = self.admit(path, identity, lambda: self.client_address(request))
+        if rejection is not None:
+            return rejection.response()
+        return await handler(request)

@@ -16,7 +16,8 @@ from aiohttp.typedefs import Handler
 
 from fleetserve.gateway.edge.config import ShedConfig
 from fleetserve.gateway.edge.metrics import NullObserver, RejectionObserver
-from fleetserve.wire import error_response, retry_after
+from fleetserve.gateway.edge.rejection import Rejection
+from fleetserve.wire import RETRY_AFTER, retry_after
 
 
 class LoadShedMiddleware:
@@ -32,17 +33,28 @@ class LoadShedMiddleware:
     ) -> None:
         self.max_inflight = config.max_inflight
         self.inflight = 0
-        self._exempt = frozenset(exempt_paths)
+        self.exempt = frozenset(exempt_paths)
         self._observer = observer or NullObserver()
-        self._retry_after = {"Retry-After": retry_after(config.retry_after_s)}
+        self._retry_after = {RETRY_AFTER: retry_after(config.retry_after_s)}
 
-    async def __call__(self, request: web.Request, handler: Handler) -> web.StreamResponse:
-        if request.path in self._exempt:
-            return await handler(request)
+    def enter(self) -> Rejection | None:
+        """Count one more request in flight, or refuse it at the cap (then nothing is counted)."""
         if self.inflight >= self.max_inflight:
             self._observer.rejected("overloaded")
-            return error_response(503, f"gateway overloaded: {self.inflight} requests in flight", self._retry_after)
+            return Rejection(503, "overloaded", f"gateway overloaded: {self.inflight} requests in flight",
+                             self._retry_after)
         self.inflight += 1
+        return None
+
+    def leave(self) -> None:
+        self.inflight -= 1
+
+    async def __call__(self, request: web.Request, handler: Handler) -> web.StreamResponse:
+        if request.path in self.exempt:
+            return await handler(request)
+        rejection = self.enter()
+        if rejection is not None:
+            return rejection.response()
         try:
             return await handler(request)
         finally:

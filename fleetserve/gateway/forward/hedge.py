@@ -31,8 +31,8 @@ Here:
   common path where no hedge is due: a timer is all it costs) and, once the delay passes, the hedge as
   a task beside it; a winning hedge interrupts the caller the way ``asyncio.timeout`` does, by
   cancelling it and taking the cancellation back with ``Task.uncancel``.
-- Only inference routes are hedged (``.../infer`` and ``/inference``): they are pure functions of
-  their input, so running one twice is safe. Everything else is sent once.
+- Only inference calls are hedged (``.../infer`` and ``/inference`` over HTTP, ``ModelInfer`` over gRPC):
+  they are pure functions of their input, so running one twice is safe. Everything else is sent once.
 """
 
 from __future__ import annotations
@@ -47,7 +47,7 @@ from fleetserve.options import option
 
 T = TypeVar("T")
 
-HEDGED_PATH_SUFFIXES = ("/infer",)
+HEDGED_PATH_SUFFIXES = ("/infer", "/ModelInfer")  # KServe v2 over HTTP, and its gRPC method
 HEDGED_PATHS = frozenset({"/inference"})
 _MAX_ROUTES = 64  # distinct paths with a window of their own; any further ones share one window
 

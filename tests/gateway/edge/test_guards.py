@@ -1,5 +1,5 @@
-"""The edge guards wired into an in-process gateway: per-replica in-flight caps in the proxy, identity
-headers, the rate-limit table gauge, and the guarded SO_REUSEPORT listener."""
+"""The edge guards wired into an in-process gateway: the per-replica in-flight cap (the balancer's, set from
+the shedding section), identity headers, the rate-limit table gauge, and the guarded SO_REUSEPORT listener."""
 
 from __future__ import annotations
 

@@ -147,9 +147,8 @@ def test_bad_config_file_sections_are_named(tmp_path: Path, section: object, mes
         parse(config=config)
 
 
-def test_guards_that_grpc_would_bypass_refuse_a_grpc_listener(key_files: dict[str, str]) -> None:
-    with pytest.raises(ValueError, match="cannot be combined with --grpc-port"):
-        parse("--grpc-port", "9001", "--jwt-key", key_files["rsa.pem"])
-    with pytest.raises(ValueError, match="cannot be combined with --grpc-port"):
-        parse("--grpc-port", "9001", "--rate-limit", "10")
-    assert parse("--grpc-port", "9001", "--max-inflight", "10").grpc_port == 9001
+def test_every_guard_combines_with_a_grpc_listener(key_files: dict[str, str]) -> None:
+    config = parse("--grpc-port", "9001", "--jwt-key", key_files["rsa.pem"], "--rate-limit", "10",
+                   "--max-inflight", "10")
+    assert config.grpc_port == 9001
+    assert config.edge.jwt is not None and config.edge.rate_limits and config.edge.shedding is not None

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import json
 import time
 from collections.abc import Awaitable, Callable
@@ -12,9 +13,11 @@ from fleetserve.gateway.balance import BalancerConfig
 from fleetserve.gateway.forward.hedge import HedgeConfig
 from tests.support.fake_replica import FakeReplica
 from tests.support.gateways import StartGateway
+from tests.support.rawserver import Handler, RawServer, read_request, response
 from tests.support.waiting import until
 
 StartReplicas = Callable[[int], Awaitable[list[FakeReplica]]]
+StartRaw = Callable[[Handler], Awaitable[RawServer]]
 INFER = "/v2/models/m/infer"
 ROUND_ROBIN = BalancerConfig(policy="round-robin")
 EAGER = HedgeConfig(percentile=99, min_samples=10, window=16, max_extra_percent=100, burst=5, min_delay_ms=20)
@@ -123,3 +126,32 @@ async def test_hedging_off_and_non_inference_routes_wait_for_the_one_replica(
         assert res.status == 200
         assert (await res.json())["replica"] == slow.name
     assert counter(gw2, "hedges", "won") == 0
+
+
+async def test_a_lost_attempt_closes_its_upstream_connection(raw_server: StartRaw, replicas: StartReplicas,
+                                                             gateway: StartGateway,
+                                                             client: aiohttp.ClientSession) -> None:
+    stalling, stalled, closed = False, asyncio.Event(), asyncio.Event()
+
+    async def replica(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        while True:
+            await read_request(reader)
+            if stalling:
+                stalled.set()
+                if await reader.read(1) == b"":
+                    closed.set()
+                return
+            writer.write(response(b'{"replica": "raw"}'))
+            await writer.drain()
+
+    slow = await raw_server(replica)
+    (fast,) = await replicas(1)
+    gw = await gateway([slow.url, fast.url], balancer=ROUND_ROBIN, hedge=EAGER)
+    answered = [str((await infer(client, gw.url))[1]["replica"]) for _ in range(20)]
+    if answered[-1] != fast.name:  # round-robin: make the next request go to the raw replica
+        await infer(client, gw.url)
+    stalling = True
+    status, body, _ = await infer(client, gw.url)
+    assert (status, body["replica"]) == (200, fast.name)
+    await asyncio.wait_for(stalled.wait(), 5.0)
+    await asyncio.wait_for(closed.wait(), 5.0)  # the stalled replica sees the lost attempt go away

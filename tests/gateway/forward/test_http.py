@@ -273,3 +273,31 @@ async def test_get_routes_are_proxied(replicas: StartReplicas, gateway: StartGat
             assert (await res.json())["path"] == path
     async with client.post(gw.url + "/inference", json={"texts": ["a"]}) as res:
         assert res.status == 200
+
+
+async def test_a_client_that_hangs_up_closes_the_upstream_connection(raw_server: StartRaw,
+                                                                     gateway: StartGateway) -> None:
+    asked, closed = asyncio.Event(), asyncio.Event()
+
+    async def silent(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        await read_request(reader)
+        asked.set()
+        if await reader.read(1) == b"":
+            closed.set()
+
+    upstream = await raw_server(silent)
+    gw = await gateway([upstream.url])
+    _, writer = await asyncio.open_connection("127.0.0.1", gw.port)
+    writer.write(f"POST {INFER} HTTP/1.1\r\nHost: gw\r\nContent-Length: 2\r\n\r\n{{}}".encode())
+    await writer.drain()
+    await asyncio.wait_for(asked.wait(), 5.0)
+    writer.close()  # the client gives up: the replica must see its connection close too
+    await asyncio.wait_for(closed.wait(), 5.0)
+
+    async def settled() -> None:
+        while gw.balancer.active_requests:
+            await asyncio.sleep(0.01)
+
+    await asyncio.wait_for(settled(), 5.0)
+    (row,) = gw.balancer.snapshot()
+    assert (row["pending"], row["consecutive_failures"]) == (0, 0)  # no verdict on the replica

@@ -1,0 +1,235 @@
+"""The forwarding core: pick → slot → attempt → classify → retry or hedge, written once for HTTP and gRPC.
+
+A protocol adapter (:mod:`.http`, :mod:`.grpc`) hands the core an :class:`Exchange`: how to send one request
+to one replica and how to classify what came back. The core does the rest, the same way for both:
+
+- **Pick and slot.** The balancer picks a replica outside those tried and :meth:`Balancer.start` takes its
+  slot at once (no await between them, so a per-replica cap holds exactly); every attempt ends in
+  :meth:`Ticket.finish` with the status, whether the connection failed, the latency and the replica's load
+  report, also when the attempt is cancelled (no verdict then).
+- **Retry**, after Envoy's ``retry_on: connect-failure,reset,retriable-status-codes`` with a retry budget: an
+  attempt the adapter calls retryable (no connection, a reset before any answer, an overloaded replica's 503
+  or gRPC UNAVAILABLE) is retried on a replica not tried yet, at most ``max_retries`` times, while the
+  deadline leaves time. A retry of a request some replica received also needs the balancer's retry budget,
+  which keeps retries from multiplying an overload; one that reached no replica (connection refused, our
+  pool to it full) did no work anywhere and is retried without it: that keeps a crashed replica from
+  failing the requests routed to it before it is ejected. Never after an answer started to arrive, and
+  never on a 4xx, which is the client's to see unchanged.
+- **Hedge** (:mod:`.hedge`, opt-in): an inference call whose first attempt is slower than the route's recent
+  latency percentile gets a copy on another replica within the hedge budget; the first answer wins and the
+  other attempt is cancelled, which closes its upstream connection (HTTP) or cancels its call (gRPC), so
+  that replica stops working on it.
+- **Answers the gateway gives itself**: 503 + ``Retry-After`` when no replica can take the request (every one
+  at its in-flight cap, or none healthy), 504 past the deadline.
+
+A client that goes away cancels the task running :meth:`Forwarder.forward`; the cancellation reaches the
+attempt in flight, which closes its upstream connection or cancels its call the same way.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import time
+from collections.abc import Awaitable, Callable, Coroutine
+from dataclasses import dataclass
+from typing import Any, Generic, Protocol, TypeVar
+
+from fleetserve.gateway.balance import Balancer, Endpoint, RequestContext, Ticket
+from fleetserve.gateway.edge.metrics import RejectionObserver
+from fleetserve.gateway.forward.hedge import HedgeConfig, Hedger, race
+from fleetserve.gateway.metrics import NO_BACKEND, GatewayMetrics
+
+A = TypeVar("A")
+R = TypeVar("R")
+
+
+@dataclass(slots=True)
+class Outcome(Generic[A]):
+    """What one attempt (or the gateway itself) has for the client.
+
+    ``answer`` is the replica's answer to pass on; None means the gateway answers ``status`` with ``failure``
+    (and ``retry_after``). ``verdict`` is what the balancer records about the replica (None: no verdict, as
+    when the request never reached it). ``retryable``: nothing reached the client yet and another replica
+    may do better; ``sent``: the request reached a replica (a retry then needs the retry budget).
+    """
+
+    status: int
+    answer: A | None = None
+    failure: str = ""
+    backend: str = NO_BACKEND
+    verdict: int | None = None
+    connect_error: bool = False
+    retryable: bool = False
+    sent: bool = True
+    report: str | None = None
+    retry_after: str | None = None
+
+
+class Exchange(Protocol[R, A]):
+    """One client request as a protocol adapter carries it to replicas."""
+
+    def send(self, ep: Endpoint, timeout_s: float) -> Awaitable[R]:
+        """Send the request to ``ep``; the awaitable gives the replica's reply or raises."""
+        ...
+
+    def answered(self, ep: Endpoint, reply: R) -> Outcome[A]:
+        """Classify a reply."""
+        ...
+
+    def failed(self, ep: Endpoint, error: Exception) -> Outcome[A]:
+        """Classify a failure ``send`` raised; re-raise what is not a failure of the exchange."""
+        ...
+
+
+def _final(outcome: Outcome[Any]) -> bool:
+    """An outcome to give the client (not a failure another replica might do better on)."""
+    return not outcome.retryable
+
+
+class Forwarder:
+    """The core of one gateway process, shared by its HTTP and gRPC listeners."""
+
+    def __init__(self, balancer: Balancer, metrics: GatewayMetrics, hedge: HedgeConfig, rejections: RejectionObserver,
+                 *, max_retries: int, retry_after: str, overload_retry_after: str,
+                 clock: Callable[[], float] = time.monotonic) -> None:
+        self._balancer = balancer
+        self._metrics = metrics
+        self._hedger = Hedger(hedge)
+        self._rejections = rejections
+        self._attempts = max_retries + 1
+        self._retry_after = retry_after
+        self._overload_retry_after = overload_retry_after
+        self._clock = clock
+
+    @property
+    def clock(self) -> Callable[[], float]:
+        return self._clock
+
+    async def forward(self, ctx: RequestContext, exchange: Exchange[Any, A], deadline: float,
+                      timeout_s: float) -> Outcome[A]:
+        """Forward one request until ``deadline`` (on :attr:`clock`); the outcome to give the client."""
+        balancer = self._balancer
+        tried: list[Endpoint] = []
+        outcome: Outcome[A] | None = None
+        hedge_delay = self._hedger.delay_s(ctx.method, ctx.path)
+        for _ in range(self._attempts):
+            ep = balancer.pick(ctx, tried)
+            if ep is None:
+                if outcome is None:
+                    return self._saturated() if balancer.capped(tried) else self._no_replica("")
+                break
+            if self._clock() >= deadline:
+                return self._deadline_passed(timeout_s)
+            if outcome is None:
+                outcome = await self._first(ctx, exchange, ep, deadline, tried, hedge_delay)
+            else:
+                budgeted = outcome.sent
+                if budgeted and not balancer.retry_budget.try_acquire():
+                    self._metrics.retry_budget_exhausted.inc()
+                    break
+                self._metrics.retries.inc()
+                try:
+                    outcome = await self._attempt(ctx, exchange, balancer.start(ep), deadline)
+                finally:
+                    if budgeted:
+                        balancer.retry_budget.release()
+            if outcome.status == 504 and self._clock() >= deadline:
+                return self._deadline_passed(timeout_s)
+            if not outcome.retryable:
+                return outcome
+            tried.append(ep)
+        assert outcome is not None
+        if outcome.answer is None:
+            # Every replica tried failed before answering: for the client, none was available.
+            return self._no_replica(outcome.failure)
+        return outcome
+
+    async def _first(self, ctx: RequestContext, exchange: Exchange[Any, A], ep: Endpoint, deadline: float,
+                     tried: list[Endpoint], hedge_delay: float | None) -> Outcome[A]:
+        """The first attempt, raced against a hedged copy on another replica if it is slower than
+        ``hedge_delay``; the first answer that is not a retryable failure wins and the other attempt is
+        cancelled. A hedge's replica joins ``tried``, so a retry after both failed goes elsewhere."""
+        first = self._attempt(ctx, exchange, self._balancer.start(ep), deadline)
+        if hedge_delay is None:
+            return await first
+        hedge: Ticket | None = None
+
+        def start_hedge() -> Coroutine[Any, Any, Outcome[A]] | None:
+            nonlocal hedge
+            target = self._hedge_target(ctx, [*tried, ep], deadline)
+            if target is None:
+                return None
+            tried.append(target)
+            hedge = self._balancer.start(target)
+            return self._attempt(ctx, exchange, hedge, deadline)
+
+        sent_at = self._clock()
+        try:
+            outcome, from_hedge = await race(first, hedge_delay, start_hedge, _final)
+        finally:
+            if hedge is not None:
+                hedge.finish()  # a hedge cancelled before it ran never finished its ticket
+        if hedge is not None:
+            self._metrics.hedges.labels("won" if from_hedge else "lost").inc()
+        if from_hedge:
+            now = self._clock()
+            with contextlib.suppress(KeyError):  # KeyError: removed by discovery meanwhile
+                self._balancer.load(ep).outpaced(now - sent_at, now)
+        return outcome
+
+    def _hedge_target(self, ctx: RequestContext, exclude: list[Endpoint], deadline: float) -> Endpoint | None:
+        """Another replica for a hedge; None when no replica or no hedge budget is left."""
+        if self._clock() >= deadline:
+            return None
+        budget = self._hedger.budget
+        if not budget.available():
+            self._metrics.hedges_skipped.labels("budget").inc()
+            return None
+        ep = self._balancer.pick(ctx, exclude)
+        if ep is None:
+            self._metrics.hedges_skipped.labels("no_backend").inc()
+            return None
+        budget.take()
+        return ep
+
+    async def _attempt(self, ctx: RequestContext, exchange: Exchange[Any, A], ticket: Ticket,
+                       deadline: float) -> Outcome[A]:
+        ep = ticket.endpoint
+        started = ticket.started_at
+        outcome: Outcome[A] | None = None
+        try:
+            try:
+                reply = await exchange.send(ep, deadline - started)
+            except Exception as exc:
+                outcome = exchange.failed(ep, exc)
+            else:
+                outcome = exchange.answered(ep, reply)
+            return outcome
+        finally:
+            # Also when the client went away or a hedge won (cancelled): no outcome says "no verdict".
+            latency = self._clock() - started
+            if outcome is None:
+                ticket.finish(latency_s=latency)
+            else:
+                ticket.finish(status=outcome.verdict, connect_error=outcome.connect_error, latency_s=latency,
+                              report=outcome.report)
+                if outcome.verdict is not None and outcome.verdict < 500:
+                    self._hedger.observe(ctx.method, ctx.path, latency)
+            self._metrics.observe_attempt(ep.url, latency)
+
+    def _no_replica(self, failure: str) -> Outcome[Any]:
+        message = "no healthy replica is available"
+        if failure:
+            message = f"no healthy replica could take the request: {failure}"
+        return Outcome(503, failure=message, retry_after=self._retry_after)
+
+    def _saturated(self) -> Outcome[Any]:
+        self._rejections.rejected("overloaded")
+        cap = self._balancer.config.replica_max_inflight
+        return Outcome(503, failure=f"every replica is at its limit of {cap} requests in flight",
+                       retry_after=self._overload_retry_after)
+
+    @staticmethod
+    def _deadline_passed(timeout_s: float) -> Outcome[Any]:
+        return Outcome(504, failure=f"deadline of {timeout_s * 1000:.0f} ms exceeded")
+

@@ -1,0 +1,149 @@
+"""HTTP forwarding: the aiohttp handler behind every proxied route, and the exchange that carries a request to
+a replica over the upstream keep-alive pool (:mod:`.upstream`).
+
+The handler reads the deadline (``X-Fleetserve-Timeout-Ms``, else the configured default; a bad value is a
+400), the body (already read and bounded by the edge guards: no I/O here) and the headers to send on
+(:mod:`.headers`), and hands the request to the forwarding core (:mod:`.core`). Each attempt carries what is
+left of the deadline in ``X-Fleetserve-Timeout-Ms``, so the replica can drop work nobody waits for. The pool
+types its failures by how far the exchange got, and that decides what the core may retry: no connection
+(not sent, retried without the retry budget), our pool to that replica full (the same), a reset before any
+answer and a replica's 503 (retried within the budget); a timeout, or an answer that broke after it
+started (a 502), never. A cancelled attempt (client gone, hedge lost) closes its upstream connection.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Awaitable
+
+from aiohttp import web
+from multidict import CIMultiDict
+
+from fleetserve.gateway.balance import Endpoint, RequestContext
+from fleetserve.gateway.balance.health import Probe
+from fleetserve.gateway.config import GatewayConfig
+from fleetserve.gateway.forward.core import Forwarder, Outcome
+from fleetserve.gateway.forward.headers import DROP_RESPONSE, forward_headers
+from fleetserve.gateway.forward.upstream import (
+    ConnectError,
+    PoolExhausted,
+    ResetBeforeResponse,
+    UpstreamError,
+    UpstreamPools,
+    UpstreamResponse,
+    UpstreamTimeout,
+)
+from fleetserve.gateway.metrics import NO_BACKEND, GatewayMetrics
+from fleetserve.telemetry.tracing import IdGenerator, request_id
+from fleetserve.wire import LOAD_REPORT_HEADER, REQUEST_ID_HEADER, RETRY_AFTER, TIMEOUT_HEADER, error_response
+
+READY_PATH = "/v2/health/ready"
+
+
+class HttpExchange:
+    """One client request as the forwarding core carries it over the upstream pools."""
+
+    __slots__ = ("_body", "_headers", "_method", "_pools", "_target")
+
+    def __init__(self, pools: UpstreamPools, method: str, target: str, headers: list[tuple[str, str]],
+                 body: bytes) -> None:
+        self._pools = pools
+        self._method = method
+        self._target = target
+        self._headers = headers
+        self._body = body
+
+    def send(self, ep: Endpoint, timeout_s: float) -> Awaitable[UpstreamResponse]:
+        # The pool's own coroutine, not one wrapped around it: no extra coroutine layer per attempt.
+        headers = [*self._headers, (TIMEOUT_HEADER, str(max(1, int(timeout_s * 1000))))]
+        return self._pools.get(ep.url).request(self._method, self._target, headers, self._body, timeout_s=timeout_s)
+
+    def answered(self, ep: Endpoint, reply: UpstreamResponse) -> Outcome[web.Response]:
+        status = reply.status
+        headers = CIMultiDict((k, v) for k, v in reply.headers if k.lower() not in DROP_RESPONSE)
+        return Outcome(status, web.Response(status=status, body=reply.body, headers=headers), backend=ep.url,
+                       verdict=status, retryable=status == 503, report=headers.get(LOAD_REPORT_HEADER))
+
+    def failed(self, ep: Endpoint, error: Exception) -> Outcome[web.Response]:
+        message = str(error)
+        if isinstance(error, ConnectError):  # before UpstreamTimeout: a connect timeout sent nothing
+            return Outcome(502, failure=message, backend=ep.url, connect_error=True, retryable=True, sent=False)
+        if isinstance(error, ResetBeforeResponse):
+            return Outcome(502, failure=message, backend=ep.url, verdict=502, retryable=True)
+        if isinstance(error, PoolExhausted):  # our side is saturated, not the replica: no verdict on it
+            return Outcome(503, failure=message, backend=ep.url, retryable=True, sent=False)
+        if isinstance(error, UpstreamTimeout):
+            return Outcome(504, failure=message, backend=ep.url, verdict=504)
+        if isinstance(error, UpstreamError):  # the response started, then broke: too late to retry
+            return Outcome(502, failure=message, backend=ep.url, verdict=502)
+        if isinstance(error, ValueError):  # a request target or header the pool refuses to put on the wire
+            return Outcome(400, failure=message)
+        raise error
+
+
+class HttpForwarding:
+    """The handler behind every proxied route."""
+
+    def __init__(self, forwarder: Forwarder, pools: UpstreamPools, metrics: GatewayMetrics, config: GatewayConfig,
+                 ids: IdGenerator) -> None:
+        self._forwarder = forwarder
+        self._pools = pools
+        self._metrics = metrics
+        self._default_timeout_s = config.request_timeout_ms / 1000.0
+        self._max_timeout_ms = config.max_request_timeout_ms
+        self._ids = ids
+
+    async def handle(self, request: web.Request) -> web.StreamResponse:
+        metrics = self._metrics
+        metrics.inflight.inc()
+        try:
+            response, backend = await self._handle(request)
+        finally:
+            metrics.inflight.dec()
+        metrics.observe_request(backend, response.status)
+        return response
+
+    def _timeout_s(self, header: str | None) -> float:
+        if header is None:
+            return self._default_timeout_s
+        limit = self._max_timeout_ms
+        try:
+            value = int(header.strip())
+        except ValueError:
+            value = 0
+        if not 1 <= value <= limit:
+            raise ValueError(f"{TIMEOUT_HEADER} must be a whole number of milliseconds in 1..{limit}, "
+                             f"got {header[:32]!r}")
+        return value / 1000.0
+
+    async def _handle(self, request: web.Request) -> tuple[web.Response, str]:
+        rid = request_id(request.headers.get(REQUEST_ID_HEADER), self._ids)
+        try:
+            timeout_s = self._timeout_s(request.headers.get(TIMEOUT_HEADER))
+        except ValueError as exc:
+            return error_response(400, str(exc), {REQUEST_ID_HEADER: rid}), NO_BACKEND
+        forwarder = self._forwarder
+        deadline = forwarder.clock() + timeout_s
+        body = await request.read()  # already read and bounded by the edge's body limits: no I/O here
+        headers = forward_headers(request, rid, self._ids)
+        ctx = RequestContext(request.method, request.path, len(body), request.headers, rid)
+        exchange = HttpExchange(self._pools, request.method, request.raw_path, headers, body)
+        outcome = await forwarder.forward(ctx, exchange, deadline, timeout_s)
+        response = outcome.answer
+        if response is None:
+            answer = {REQUEST_ID_HEADER: rid}
+            if outcome.retry_after is not None:
+                answer[RETRY_AFTER] = outcome.retry_after
+            return error_response(outcome.status, outcome.failure, answer), outcome.backend
+        response.headers[REQUEST_ID_HEADER] = rid
+        return response, outcome.backend
+
+
+def readiness_probe(pools: UpstreamPools) -> Probe:
+    """The health probe: ``GET /v2/health/ready`` through the pool; ready means 200."""
+
+    async def probe(ep: Endpoint) -> bool:
+        reply = await pools.get(ep.url).request("GET", READY_PATH, [("Accept", "application/json")])
+        return reply.status == 200
+
+    return probe
+
