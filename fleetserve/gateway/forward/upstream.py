@@ -9,19 +9,16 @@ Why not aiohttp's client: measured per proxied request, aiohttp server + aiohttp
   ``idle_timeout_s`` dropped, and at most ``max_waiters`` requests queued for a connection;
 - a reused keep-alive connection that the peer closed before any byte of the response arrived is
   retried once on a fresh connection (RFC 9112 §9.3.1): servers close idle connections at will;
-- request bodies go out as the caller's bytes; header bytes are re-encoded exactly as aiohttp's
-  server decoded them (UTF-8 with surrogateescape).
+- request bodies go out as the caller's bytes, heads as :mod:`.request_head` encodes them.
 """
 
 from __future__ import annotations
 
 import asyncio
-import re
 import time
 from collections import deque
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
-from urllib.parse import urlsplit
 
 from fleetserve.gateway.forward.http1 import (
     ConnectError,
@@ -36,6 +33,7 @@ from fleetserve.gateway.forward.http1 import (
     UpstreamResponse,
     UpstreamTimeout,
 )
+from fleetserve.gateway.forward.request_head import RequestHead, parse_upstream_url
 
 __all__ = [
     "ConnectError",
@@ -80,50 +78,16 @@ class PoolConfig:
                 raise ValueError(f"PoolConfig.{name} must be > 0, got {getattr(self, name)}")
 
 
-_TOKEN = re.compile(r"[!#$%&'*+\-.^_`|~0-9A-Za-z]+")
-_TARGET = re.compile(r"/[\x21-\x7e]*")
-_NO_BODY_METHODS = frozenset({"GET", "HEAD", "DELETE", "OPTIONS"})
-# Validated request lines (plus Host) per (method, target): a gateway sees few distinct ones, so the
-# cache spares two regex matches and a format per request. Bounded: targets up to _MAX_CACHED_TARGET
-# characters, emptied when it holds _MAX_REQUEST_LINES (clients choose query strings).
-_MAX_REQUEST_LINES = 1024
-_MAX_CACHED_TARGET = 256
-
-
-def parse_upstream_url(url: str) -> tuple[str, int, str]:
-    """``http://host[:port][/base]`` -> (host, port, base path without trailing slash).
-
-    Anything else is a ValueError naming the problem; TLS to replicas is not supported.
-    """
-    parts = urlsplit(url)
-    if parts.scheme != "http":
-        raise ValueError(f"upstream URL {url!r}: only http:// upstreams are supported")
-    if parts.query or parts.fragment or parts.username or parts.password:
-        raise ValueError(f"upstream URL {url!r} must not have a query, fragment or credentials")
-    try:
-        port = parts.port or 80
-    except ValueError as exc:
-        raise ValueError(f"upstream URL {url!r}: {exc}") from None
-    if not parts.hostname:
-        raise ValueError(f"upstream URL {url!r} has no host")
-    base = parts.path.rstrip("/")
-    if base and not _TARGET.fullmatch(base):
-        raise ValueError(f"upstream URL {url!r} has an invalid path")
-    return parts.hostname, port, base
-
-
 class UpstreamPool:
     """Bounded keep-alive connections to one upstream ``http://host:port``."""
 
     def __init__(self, url: str, config: PoolConfig, *, clock: Callable[[], float] = time.monotonic) -> None:
         self.url = url
-        self.host, self.port, self._base_path = parse_upstream_url(url)
+        self.host, self.port, base_path = parse_upstream_url(url)
+        self._head = RequestHead(self.host, self.port, base_path)
         self.config = config
         self.loop = asyncio.get_running_loop()
         self._clock = clock
-        host = f"[{self.host}]" if ":" in self.host else self.host
-        self._host_header = host if self.port == 80 else f"{host}:{self.port}"
-        self._request_lines: dict[tuple[str, str], str] = {}
         self._idle: list[Http1Connection] = []
         self._waiters: deque[asyncio.Future[Http1Connection | None]] = deque()
         self._total = 0
@@ -146,7 +110,7 @@ class UpstreamPool:
     async def request(self, method: str, target: str, headers: Sequence[tuple[str, str]] = (),
                       body: bytes = b"", *, timeout_s: float | None = None) -> UpstreamResponse:
         """Send one request and return the whole response; ``timeout_s`` bounds everything, retries too."""
-        head = self._encode_head(method, target, headers, len(body))
+        head = self._head.encode(method, target, headers, len(body))
         deadline = self.loop.time() + (timeout_s if timeout_s is not None else self.config.read_timeout_s)
         conn, reused = await self._acquire(deadline, fresh=False)
         try:
@@ -166,33 +130,6 @@ class UpstreamPool:
                 waiter.set_exception(ConnectError(f"the pool for {self.url} is closed"))
         while self._idle:
             self._discard(self._idle.pop())
-
-    def _encode_head(self, method: str, target: str, headers: Sequence[tuple[str, str]],
-                     length: int) -> bytes:
-        lines = [self._request_line(method, target)]
-        lines += [f"{name}: {value}\r\n" for name, value in headers]
-        if length or method not in _NO_BODY_METHODS:
-            lines.append(f"Content-Length: {length}\r\n")
-        lines.append("\r\n")
-        head = "".join(lines)
-        newlines = head.count("\n")
-        if newlines != len(lines) + 1 or head.count("\r") != newlines or "\x00" in head:
-            raise ValueError("request header names and values must not contain CR, LF or NUL")
-        # surrogateescape round-trips the exact bytes aiohttp's server decoded (no re-encoding).
-        return head.encode("utf-8", "surrogateescape")
-
-    def _request_line(self, method: str, target: str) -> str:
-        """``METHOD /base/target HTTP/1.1`` and the Host header line; ValueError for a bad method or target."""
-        line = self._request_lines.get((method, target))
-        if line is None:
-            if not _TOKEN.fullmatch(method) or not _TARGET.fullmatch(target):
-                raise ValueError(f"invalid request line {method!r} {target!r}")
-            line = f"{method} {self._base_path}{target} HTTP/1.1\r\nHost: {self._host_header}\r\n"
-            if len(target) <= _MAX_CACHED_TARGET:
-                if len(self._request_lines) >= _MAX_REQUEST_LINES:
-                    self._request_lines.clear()
-                self._request_lines[method, target] = line
-        return line
 
     async def _exchange(self, conn: Http1Connection, head: bytes, body: bytes,
                         deadline: float) -> UpstreamResponse:
