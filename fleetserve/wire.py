@@ -14,13 +14,14 @@
   numbers (floats) everywhere.
 - **Load reports.** Replicas report their load on every response in ORCA's ``endpoint-load-metrics``
   header, native HTTP form (``TEXT name=value,...``; Envoy's ``source/common/orca/orca_parser.cc`` and the
-  field names of xds' ``xds/data/orca/v3/orca_load_report.proto``): ``application_utilization`` (queued plus
-  running rows over the rows one round of batches on every engine instance takes; above 1 when work waits
-  for more than one round), and named metrics ``queue_depth`` and ``inflight`` (rows queued and running),
-  plus ``gpu_utilization`` and ``gpu_throttled`` (0 or 1) where a GPU is watched. Over gRPC the same text is
-  the ``endpoint-load-metrics`` trailing metadata. Envoy's client-side weighted round robin reads the same
-  header; the gateway's policies read it through :func:`parse_load_report`, which accepts ``=`` or ``:``
-  between a name and its value (as Envoy does) and ignores fields it does not use.
+  field names of xds' ``xds/data/orca/v3/orca_load_report.proto``): ``application_utilization`` (the share
+  of the last second the engine instances spent computing), ``rps_fractional`` (requests answered per
+  second over that second; Envoy's client-side weighted round robin weighs a replica by
+  ``rps_fractional / utilization`` and rejects a report without it), and named metrics ``queue_depth`` and
+  ``inflight`` (rows queued and running now), plus ``gpu_utilization`` and ``gpu_throttled`` (0 or 1) where
+  a GPU is watched. Over gRPC the same text is the ``endpoint-load-metrics`` trailing metadata. The
+  gateway's policies read it through :func:`parse_load_report`, which accepts ``=`` or ``:`` between a name
+  and its value (as Envoy does) and ignores fields it does not use.
 """
 
 from __future__ import annotations
@@ -132,13 +133,13 @@ class LoadReport:
     gpu_throttled: bool = False
 
 
-def encode_load_report(queue_depth: int, inflight: int, capacity: int,
+def encode_load_report(queue_depth: int, inflight: int, utilization: float = 0.0, rps: float = 0.0,
                        gpu: Mapping[str, float] | None = None) -> str:
-    """The ``endpoint-load-metrics`` value for a replica with ``queue_depth`` rows queued, ``inflight`` running
-    and ``capacity`` rows per round of batches; ``gpu`` adds named GPU metrics (``gpu_utilization``, ...)."""
-    utilization = (queue_depth + inflight) / capacity if capacity > 0 else 0.0
-    text = (f"TEXT application_utilization={utilization:.4g},named_metrics.queue_depth={queue_depth},"
-            f"named_metrics.inflight={inflight}")
+    """The ``endpoint-load-metrics`` value for a replica with ``queue_depth`` rows queued and ``inflight``
+    running, busy ``utilization`` of the time and answering ``rps`` requests per second; ``gpu`` adds named GPU
+    metrics (``gpu_utilization``, ``gpu_throttled``)."""
+    text = (f"TEXT application_utilization={utilization:.4g},rps_fractional={rps:.4g},"
+            f"named_metrics.queue_depth={queue_depth},named_metrics.inflight={inflight}")
     if gpu:
         text += "".join(f",named_metrics.{name}={value:.4g}" for name, value in gpu.items())
     return text

@@ -52,12 +52,12 @@ def test_bad_weights_name_the_problem(spec: str, message: str) -> None:
 
 
 def test_load_report_round_trips_through_the_orca_text_form() -> None:
-    text = wire.encode_load_report(6, 2, 16, {wire.GPU_UTILIZATION: 0.73, wire.GPU_THROTTLED: 1.0})
-    assert text == ("TEXT application_utilization=0.5,named_metrics.queue_depth=6,named_metrics.inflight=2,"
-                    "named_metrics.gpu_utilization=0.73,named_metrics.gpu_throttled=1")
+    text = wire.encode_load_report(6, 2, 0.5, 120.0, {wire.GPU_UTILIZATION: 0.73, wire.GPU_THROTTLED: 1.0})
+    assert text == ("TEXT application_utilization=0.5,rps_fractional=120,named_metrics.queue_depth=6,"
+                    "named_metrics.inflight=2,named_metrics.gpu_utilization=0.73,named_metrics.gpu_throttled=1")
     assert wire.parse_load_report(text) == wire.LoadReport(0.5, 6, 2, 0.73, True)
-    assert wire.encode_load_report(0, 0, 0) == ("TEXT application_utilization=0,named_metrics.queue_depth=0,"
-                                                "named_metrics.inflight=0")
+    assert wire.encode_load_report(0, 0) == ("TEXT application_utilization=0,rps_fractional=0,"
+                                             "named_metrics.queue_depth=0,named_metrics.inflight=0")
 
 
 def test_load_report_parser_reads_what_envoy_reads() -> None:

@@ -96,11 +96,6 @@ class Batcher:
         return self._inflight_rows
 
     @property
-    def round_rows(self) -> int:
-        """Rows one round of batches takes: a full batch on every engine instance."""
-        return self._config.max_batch * self._n
-
-    @property
     def accepting(self) -> bool:
         """True between ``start`` and ``drain``."""
         return self._accepting

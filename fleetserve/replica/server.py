@@ -26,7 +26,7 @@ from fleetserve.models.tokenizer import TextTokenizer
 from fleetserve.replica.codec import CodecLimits
 from fleetserve.replica.config import ReplicaConfig
 from fleetserve.replica.grpc_server import GrpcServerConfig, GrpcServerHandle, start_grpc_server
-from fleetserve.replica.load import LoadReporter
+from fleetserve.replica.load import LoadMeter, LoadReporter
 from fleetserve.replica.model import ModelRepository
 from fleetserve.replica.served import BatchedModel
 from fleetserve.replica.text import TextLimits, TextService
@@ -84,6 +84,7 @@ async def start_replica(config: ReplicaConfig) -> Replica:
     name = config.model_name or built.model.name
     metrics = ReplicaMetrics(name)
     metrics.instances.labels(name).set(config.instances)
+    meter = LoadMeter(metrics, config.instances)
     batcher = Batcher(
         engine,
         BatcherConfig(
@@ -95,7 +96,7 @@ async def start_replica(config: ReplicaConfig) -> Replica:
             seq_buckets=(config.fixed_seq,) if config.padding == "fixed" else None,
             promote_overdue=config.promote_overdue,
         ),
-        instances=config.instances, observer=metrics,
+        instances=config.instances, observer=meter,
     )
     await batcher.start()
     model = BatchedModel(
@@ -114,7 +115,7 @@ async def start_replica(config: ReplicaConfig) -> Replica:
     from fleetserve.replica.app import build_app
 
     gpu = _gpu_monitor(config.engine.device, metrics)
-    load = LoadReporter(batcher, gpu.load_metrics if gpu is not None else None)
+    load = LoadReporter(batcher, meter, gpu.load_metrics if gpu is not None else None)
     app = build_app(repo, batcher, metrics, text=text, limits=limits, max_body_bytes=config.max_body_bytes,
                     load=load)
     runner = web.AppRunner(app, access_log=None, handle_signals=False, shutdown_timeout=config.drain_timeout_s)

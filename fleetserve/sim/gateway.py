@@ -75,7 +75,7 @@ def reads_load_reports(policy: str) -> bool:
 
 def load_report(queue_depth: int, inflight: int) -> str:
     """The ORCA load report a replica puts on every response (what ``queue-aware`` reads)."""
-    return encode_load_report(queue_depth, inflight, 0)
+    return encode_load_report(queue_depth, inflight)
 
 
 class SimBalancer(Generic[R]):

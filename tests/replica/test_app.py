@@ -13,12 +13,15 @@ import numpy as np
 import pytest
 from aiohttp import web
 
+from fleetserve.batching.observer import NullObserver
 from fleetserve.engine.config import EngineConfig
 from fleetserve.models.tiny import HIDDEN
 from fleetserve.replica.app import build_app
 from fleetserve.replica.codec import CodecLimits
 from fleetserve.replica.config import ReplicaConfig
+from fleetserve.replica.load import LoadMeter, LoadReporter
 from fleetserve.replica.server import Replica, start_replica
+from fleetserve.wire import GPU_UTILIZATION, LOAD_REPORT_HEADER, parse_load_report
 from tests.support.waiting import until
 
 TRACE_ID = "4bf92f3577b34da6a3ce929d0e0e4736"
@@ -83,8 +86,8 @@ async def test_live_at_once_ready_only_after_warm_up(replica: Replica, http: aio
 async def test_every_response_reports_the_replicas_load(http: aiohttp.ClientSession) -> None:
     for path in ("/v2/health/live", "/v2/models/nope", "/no/such/route"):
         async with http.get(path) as res:
-            assert res.headers["X-Fleetserve-Queue-Depth"] == "0", path
-            assert res.headers["X-Fleetserve-Inflight"] == "0", path
+            report = parse_load_report(res.headers[LOAD_REPORT_HEADER])
+            assert report is not None and (report.queue_depth, report.inflight) == (0, 0), path
 
 
 async def test_trace_context_is_continued_or_started(http: aiohttp.ClientSession) -> None:
@@ -159,9 +162,10 @@ async def test_a_model_name_override_serves_under_that_name() -> None:
         await replica.drain()
 
 
-async def test_gpu_load_headers_are_added_when_a_monitor_runs(replica: Replica) -> None:
+async def test_gpu_load_is_reported_when_a_monitor_runs(replica: Replica) -> None:
+    load = LoadReporter(replica.batcher, LoadMeter(NullObserver(), instances=1), lambda: {GPU_UTILIZATION: 0.75})
     app = build_app(replica.repo, replica.batcher, replica.metrics, text=None, limits=CodecLimits(),
-                    max_body_bytes=1 << 20, gpu_headers=lambda: {"X-Fleetserve-Gpu-Utilization": "0.750"})
+                    max_body_bytes=1 << 20, load=load)
     runner = web.AppRunner(app, access_log=None)
     await runner.setup()
     site = web.TCPSite(runner, "127.0.0.1", 0)
@@ -169,7 +173,8 @@ async def test_gpu_load_headers_are_added_when_a_monitor_runs(replica: Replica) 
     try:
         async with aiohttp.ClientSession() as http, \
                 http.get(f"http://127.0.0.1:{runner.addresses[0][1]}/v2/health/live") as res:
-            assert res.headers["X-Fleetserve-Gpu-Utilization"] == "0.750"
+            report = parse_load_report(res.headers[LOAD_REPORT_HEADER])
+            assert report is not None and report.gpu_utilization == 0.75
         async with aiohttp.ClientSession() as http, \
                 http.post(f"http://127.0.0.1:{runner.addresses[0][1]}/inference", json={"texts": ["x"]}) as res:
             assert res.status == 404  # no text service wired: no text route

@@ -14,10 +14,11 @@ import numpy as np
 import pytest
 from google.protobuf.descriptor import Descriptor
 
+from fleetserve.batching.observer import NullObserver
 from fleetserve.errors import Overloaded
 from fleetserve.replica.codec import CodecLimits, tensor_to_raw
 from fleetserve.replica.grpc_server import GrpcServerConfig, GrpcServerHandle, start_grpc_server
-from fleetserve.replica.load import LoadReporter
+from fleetserve.replica.load import LoadMeter, LoadReporter
 from fleetserve.replica.model import ModelRepository
 from fleetserve.replica.proto import generate
 from fleetserve.replica.proto import grpc_service_pb2 as pb
@@ -286,16 +287,17 @@ def test_generate_refuses_another_grpcio_tools(tmp_path: Path, monkeypatch: pyte
 
 async def test_every_call_carries_the_load_report(repo: ModelRepository, limits: CodecLimits,
                                                   math_model: FakeModel) -> None:
-    queue = SimpleNamespace(queue_depth=3, inflight=2, round_rows=10)
+    queue = SimpleNamespace(queue_depth=3, inflight=2)
+    meter = LoadMeter(NullObserver(), instances=1)
     handle = await start_grpc_server(repo, GrpcServerConfig(host="127.0.0.1", port=0), limits,
-                                     LoadReporter(queue, lambda: {GPU_UTILIZATION: 0.5}))
+                                     LoadReporter(queue, meter, lambda: {GPU_UTILIZATION: 0.5}))
     try:
         async with grpc.aio.insecure_channel(f"127.0.0.1:{handle.port}") as channel:
             stub = pb_grpc.GRPCInferenceServiceStub(channel)
             call = stub.ModelInfer(math_request())
             await call
             report = parse_load_report(dict(await call.trailing_metadata())[LOAD_REPORT_HEADER])
-            assert report == LoadReport(0.5, 3, 2, 0.5, False)
+            assert report == LoadReport(0.0, 3, 2, 0.5, False)
             queue.queue_depth = 7
             math_model.error = Overloaded("queue full", retry_after_s=2.0)
             with pytest.raises(grpc.aio.AioRpcError) as info:

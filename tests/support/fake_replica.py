@@ -34,7 +34,7 @@ class FakeReplica:
         self.hits += 1
         self.last_headers = dict(request.headers)
         self.last_body = await request.read()
-        load = {LOAD_REPORT_HEADER: encode_load_report(self.queue_depth, 1, 32)}
+        load = {LOAD_REPORT_HEADER: encode_load_report(self.queue_depth, 1)}
         if self.mode == "hang":
             await asyncio.sleep(3600)
         if self.delay_s:

@@ -54,7 +54,7 @@ class GrpcReplica(grpc.GenericRpcHandler):
             self.calls.append(details.method)
             self.metadata = {k: v for k, v in context.invocation_metadata() if isinstance(v, str)}
             self.received.set()
-            report = encode_load_report(self.queue_depth, self.inflight, 32)
+            report = encode_load_report(self.queue_depth, self.inflight)
             context.set_trailing_metadata(((LOAD_REPORT_HEADER, report),))
             if self.mode == "unavailable":
                 await context.abort(grpc.StatusCode.UNAVAILABLE, f"{self.name} is overloaded")

@@ -192,7 +192,7 @@ def test_load_metrics_come_from_the_latest_sample() -> None:
     nvml.reasons[1] = 0
     mon.sample()
     assert mon.load_metrics()[GPU_THROTTLED] == 0.0
-    report = parse_load_report(encode_load_report(0, 0, 32, mon.load_metrics()))
+    report = parse_load_report(encode_load_report(0, 0, gpu=mon.load_metrics()))
     assert report is not None and report.gpu_utilization == pytest.approx(0.73) and not report.gpu_throttled
 
 

@@ -103,7 +103,7 @@ def test_ticket_tracks_pending_and_active_requests_once() -> None:
 def test_finish_reads_replica_reported_load() -> None:
     balancer, eps, _, _ = make(1)
     in_flight = balancer.start(eps[0])
-    balancer.start(eps[0]).finish(status=200, latency_s=0.01, report=encode_load_report(12, 4, 32))
+    balancer.start(eps[0]).finish(status=200, latency_s=0.01, report=encode_load_report(12, 4))
     row = balancer.snapshot()[0]
     assert row["reported_queue_depth"] == 12
     assert row["reported_inflight"] == 4

@@ -59,7 +59,7 @@ def test_failure_at_least_doubles_the_estimate_even_when_fast() -> None:
 def test_reported_load_reads_the_orca_report_and_fades() -> None:
     reported = ReportedLoad(max_age_s=4.0)
     assert reported.freshness(0.0) == 0.0
-    report = encode_load_report(7, 3, 32, {"gpu_utilization": 0.85, "gpu_throttled": 1.0})
+    report = encode_load_report(7, 3, gpu={"gpu_utilization": 0.85, "gpu_throttled": 1.0})
     assert reported.update(report, now=10.0)
     last = reported.last
     assert (last.queue_depth, last.inflight) == (7, 3)
@@ -133,7 +133,7 @@ def loaded(pending: int = 0, weight: float = 1.0) -> EndpointLoad:
 def test_outstanding_work_blends_the_report_with_local_pending_as_it_ages() -> None:
     load = loaded(pending=2)
     assert outstanding(load, 0.0) == 2  # no report: this gateway's own count
-    load.report(encode_load_report(queue_depth=10, inflight=4, capacity=32), now=0.0)
+    load.report(encode_load_report(queue_depth=10, inflight=4), now=0.0)
     assert outstanding(load, 0.0) == 14  # every gateway's work, as the replica saw it
     load.pending = load.sent_since_report = 1  # sent after the report
     assert outstanding(load, 0.0) == 15
@@ -147,8 +147,8 @@ def test_peak_ewma_cost_reads_the_reported_queue() -> None:
         load.ewma.observe(0.010, now=0.0)
     assert peak_ewma_cost(idle_here, busy_here, 0.0) < peak_ewma_cost(busy_here, idle_here, 0.0)
     # Another gateway filled the "idle" replica's queue: its report says so.
-    idle_here.report(encode_load_report(queue_depth=20, inflight=8, capacity=32), now=0.0)
-    busy_here.report(encode_load_report(queue_depth=0, inflight=3, capacity=32), now=0.0)
+    idle_here.report(encode_load_report(queue_depth=20, inflight=8), now=0.0)
+    busy_here.report(encode_load_report(queue_depth=0, inflight=3), now=0.0)
     busy_here.sent_since_report = 0
     assert peak_ewma_cost(idle_here, busy_here, 0.0) > peak_ewma_cost(busy_here, idle_here, 0.0)
 
@@ -162,9 +162,9 @@ def test_peak_ewma_cost_of_an_unmeasured_endpoint_borrows_its_rivals_latency() -
 
 def test_reported_cost_weighs_gpu_state_by_freshness() -> None:
     plain, hot, throttled = loaded(), loaded(), loaded()
-    plain.report(encode_load_report(1, 0, 32), now=0.0)
-    hot.report(encode_load_report(1, 0, 32, {"gpu_utilization": 1.0}), now=0.0)
-    throttled.report(encode_load_report(1, 0, 32, {"gpu_throttled": 1.0}), now=0.0)
+    plain.report(encode_load_report(1, 0), now=0.0)
+    hot.report(encode_load_report(1, 0, gpu={"gpu_utilization": 1.0}), now=0.0)
+    throttled.report(encode_load_report(1, 0, gpu={"gpu_throttled": 1.0}), now=0.0)
     assert [reported_cost(x, x, 0.0) for x in (plain, hot, throttled)] == [2.0, 4.0, 8.0]
     assert reported_cost(throttled, throttled, 2.0) == pytest.approx((0.5 * 1 + 1) * 2.5)
     assert reported_cost(loaded(pending=3, weight=2.0), plain, 0.0) == 2.0

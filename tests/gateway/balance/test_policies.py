@@ -244,30 +244,30 @@ def test_queue_aware_avoids_the_deep_queue() -> None:
 def test_queue_aware_avoids_a_throttled_or_saturated_gpu() -> None:
     a, b = fleet(2)
     policy, signals, clock = make("queue-aware", [a, b])
-    signals.loads[a].report(encode_load_report(1, 0, 32, {"gpu_throttled": 1}), clock.now)
-    signals.loads[b].report(encode_load_report(2, 0, 32), clock.now)
+    signals.loads[a].report(encode_load_report(1, 0, gpu={"gpu_throttled": 1}), clock.now)
+    signals.loads[b].report(encode_load_report(2, 0), clock.now)
     assert policy.choose([a, b], CTX) == b
-    signals.loads[a].report(encode_load_report(1, 0, 32, {"gpu_throttled": 0, "gpu_utilization": 1.0}), clock.now)
-    signals.loads[b].report(encode_load_report(1, 0, 32, {"gpu_utilization": 0.2}), clock.now)
+    signals.loads[a].report(encode_load_report(1, 0, gpu={"gpu_throttled": 0, "gpu_utilization": 1.0}), clock.now)
+    signals.loads[b].report(encode_load_report(1, 0, gpu={"gpu_utilization": 0.2}), clock.now)
     assert policy.choose([a, b], CTX) == b
 
 
 def test_queue_aware_counts_requests_sent_since_the_report() -> None:
     a, b = fleet(2)
     policy, signals, clock = make("queue-aware", [a, b])
-    signals.loads[a].report(encode_load_report(0, 0, 32), clock.now)
-    signals.loads[b].report(encode_load_report(3, 0, 32), clock.now)
+    signals.loads[a].report(encode_load_report(0, 0), clock.now)
+    signals.loads[b].report(encode_load_report(3, 0), clock.now)
     assert policy.choose([a, b], CTX) == a
     signals.loads[a].pending = signals.loads[a].sent_since_report = 6  # sent after a's report was taken
     assert policy.choose([a, b], CTX) == b
-    signals.loads[a].report(encode_load_report(0, 0, 32), clock.now)  # the next report includes them
+    signals.loads[a].report(encode_load_report(0, 0), clock.now)  # the next report includes them
     assert policy.choose([a, b], CTX) == a
 
 
 def test_queue_aware_falls_back_to_local_pending_when_reports_are_stale() -> None:
     a, b = fleet(2)
     policy, signals, clock = make("queue-aware", [a, b])
-    signals.loads[a].report(encode_load_report(50, 0, 32), clock.now)
+    signals.loads[a].report(encode_load_report(50, 0), clock.now)
     signals.loads[b].pending = 2
     assert policy.choose([a, b], CTX) == b
     clock.now += 10.0  # a's report is older than report_max_age_s
