@@ -32,7 +32,8 @@ import yaml
 
 from fleetserve.deploy.envoy_edge import edge_filters, exempt_route_config, listener_limits, overload_manager
 from fleetserve.deploy.proxy import HEALTH_PATH, Backend, _check_host, integer_weights
-from fleetserve.gateway.config import BalancerConfig, GatewayConfig
+from fleetserve.gateway.balance import BalancerConfig
+from fleetserve.gateway.config import GatewayConfig
 from fleetserve.gateway.edge.config import EdgeConfig
 
 LEAST_REQUEST = "least-request"
