@@ -39,7 +39,7 @@ def main(path: str, parent: int) -> int:
 
         return run_replica(config)
     if isinstance(config, GatewayConfig):
-        from fleetserve.gateway.server import run_gateway
+        from fleetserve.gateway.workers import run_gateway
 
         return run_gateway(config)
     raise TypeError(f"{path} holds a {type(config).__name__}, not a replica or gateway config")

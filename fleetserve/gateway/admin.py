@@ -1,6 +1,7 @@
 """The gateway's own endpoints: ``/healthz`` (the process is live), ``/readyz`` (ready for traffic),
-``/metrics`` (Prometheus text), ``/gateway/backends`` (the balancer's per-backend state as JSON, for
-operators and ``fleetserve up``) and the live fleet dashboard (``/dashboard``, fed by ``/gateway/fleet``).
+``/metrics`` (Prometheus text, the whole gateway's with ``--workers N``: :mod:`.scrape`), ``/gateway/backends``
+(the balancer's per-backend state as JSON, for operators and ``fleetserve up``) and the live fleet dashboard
+(``/dashboard``, fed by ``/gateway/fleet``).
 
 ``/readyz`` turns 200 once some backend has passed its health checks and then stays 200, like Envoy's
 ``/ready`` after initialisation: a new gateway (a rollout, ``fleetserve up``) takes no traffic before it
@@ -10,7 +11,10 @@ which would turn the gateway's quick 503s into refused connections.
 
 from __future__ import annotations
 
+from collections.abc import Awaitable, Callable
+
 from aiohttp import web
+from prometheus_client.exposition import CONTENT_TYPE_LATEST
 
 from fleetserve.gateway.balance import Balancer
 from fleetserve.gateway.dashboard import add_dashboard_routes
@@ -22,7 +26,8 @@ METRICS_PATH = "/metrics"
 BACKENDS_PATH = "/gateway/backends"
 
 
-def add_admin_routes(app: web.Application, balancer: Balancer, metrics: GatewayMetrics) -> None:
+def add_admin_routes(app: web.Application, balancer: Balancer, metrics: GatewayMetrics,
+                     exposition: Callable[[], Awaitable[bytes]]) -> None:
     async def healthz(request: web.Request) -> web.Response:
         return web.json_response({"status": "ok"})
 
@@ -33,9 +38,8 @@ def add_admin_routes(app: web.Application, balancer: Balancer, metrics: GatewayM
                                  headers={"Retry-After": "1"})
 
     async def metrics_text(request: web.Request) -> web.Response:
-        body, content_type = metrics.render()
         # The exposition content type carries parameters (version, charset); set it verbatim.
-        return web.Response(body=body, headers={"Content-Type": content_type})
+        return web.Response(body=await exposition(), headers={"Content-Type": CONTENT_TYPE_LATEST})
 
     async def backends(request: web.Request) -> web.Response:
         return web.json_response({

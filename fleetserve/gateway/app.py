@@ -9,7 +9,7 @@ each skipping the paths ``edge.exempt_paths`` lists), then any extra ``middlewar
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Awaitable, Callable, Sequence
 
 from aiohttp import web
 from aiohttp.typedefs import Handler, Middleware
@@ -52,14 +52,16 @@ def _json_errors(metrics: GatewayMetrics, ids: IdGenerator) -> Middleware:
 
 def build_app(config: GatewayConfig, forwarder: Forwarder, balancer: Balancer, pools: UpstreamPools,
               metrics: GatewayMetrics, guards: EdgeGuards, ids: IdGenerator,
-              middlewares: Sequence[Middleware] = ()) -> web.Application:
-    """The application: ``guards``' middlewares outermost, then ``middlewares``, then the routes."""
+              middlewares: Sequence[Middleware] = (),
+              exposition: Callable[[], Awaitable[bytes]] | None = None) -> web.Application:
+    """The application: ``guards``' middlewares outermost, then ``middlewares``, then the routes.
+    ``exposition`` answers ``/metrics`` (default: this process's metrics)."""
     app = web.Application(
         middlewares=[*guards.middlewares, *middlewares, _json_errors(metrics, ids)],
         **app_kwargs(config.edge.limits),
     )
     forwarding = HttpForwarding(forwarder, pools, metrics, config, ids)
-    add_admin_routes(app, balancer, metrics)
+    add_admin_routes(app, balancer, metrics, exposition or metrics.exposition)
     for path in PROXIED_PATHS:
         app.router.add_route("GET", path, forwarding.handle)
         app.router.add_route("POST", path, forwarding.handle)

@@ -28,7 +28,7 @@ OPTIONS = GatewayOptions
 
 def run(options: GatewayOptions) -> int:
     from fleetserve.gateway.edge.guards import check_edge
-    from fleetserve.gateway.server import run_gateway
+    from fleetserve.gateway.workers import run_gateway
 
     config = options.config()
     check_edge(config.edge)

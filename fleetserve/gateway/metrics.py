@@ -24,7 +24,6 @@ from __future__ import annotations
 from collections import Counter as Tally
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, generate_latest
-from prometheus_client.exposition import CONTENT_TYPE_LATEST
 from prometheus_client.process_collector import ProcessCollector
 
 from fleetserve.gateway.balance import REMOVED
@@ -94,9 +93,13 @@ class GatewayMetrics:
             series = self._attempt_series[backend] = self.upstream_duration.series(backend)
         series.observe(seconds)
 
-    def render(self) -> tuple[bytes, str]:
-        """The exposition text and its content type."""
-        return generate_latest(self.registry), CONTENT_TYPE_LATEST
+    def render(self) -> bytes:
+        """The exposition text of this process's metrics."""
+        return generate_latest(self.registry)
+
+    async def exposition(self) -> bytes:
+        """What ``/metrics`` answers in a single-process gateway."""
+        return self.render()
 
     # BalancerObserver
 

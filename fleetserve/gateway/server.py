@@ -1,32 +1,22 @@
-"""Run the gateway: wire config, balancer, discovery, health checks, pools and listeners together.
+"""One gateway in this event loop: config, balancer, discovery, health checks, the forwarding core, pools and
+listeners wired together.
 
-- :func:`serve_gateway` is an async context manager that runs one gateway in the current event loop
-  (tests use it in-process; port 0 picks a free port).
-- :func:`run_gateway` blocks until SIGINT/SIGTERM. With ``workers > 1`` it runs that many worker
-  processes on one port through SO_REUSEPORT, the kernel spreading connections across them; each
-  worker keeps its own balancer state, health checks and metrics, as Envoy's workers do.
-- ``fleetserve gateway`` is :mod:`.command`.
-
-Every listener runs behind the edge guards of ``config.edge`` (see :mod:`.edge.guards`): middlewares on
-every route, and a connection guard (header-read deadline, connection cap) below HTTP.
+:func:`serve_gateway` is an async context manager (tests use it in-process; port 0 picks a free port);
+:mod:`.workers` runs it as one process or as N workers on one port, and ``fleetserve gateway`` is
+:mod:`.command`. Both listeners run behind the edge guards of ``config.edge`` (see :mod:`.edge.guards`):
+middlewares on every HTTP route and a connection guard (header-read deadline, connection cap) below HTTP;
+the same guards per call on gRPC.
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
-import gc
 import logging
-import multiprocessing
-import multiprocessing.connection
-import os
 import random
-import signal
-import sys
 import time
 from collections.abc import AsyncIterator, Callable, Coroutine, Sequence
 from dataclasses import dataclass
-from types import FrameType
 from typing import Any
 
 import grpc.aio
@@ -34,7 +24,6 @@ from aiohttp import web
 from aiohttp.typedefs import Middleware
 from prometheus_client import CollectorRegistry
 
-from fleetserve.eventloop import loop_factory
 from fleetserve.gateway import access
 from fleetserve.gateway.app import build_app
 from fleetserve.gateway.balance import Balancer, run_discovery
@@ -50,7 +39,7 @@ from fleetserve.gateway.forward.grpc import GrpcForwarding
 from fleetserve.gateway.forward.http import readiness_probe
 from fleetserve.gateway.forward.upstream import UpstreamPools
 from fleetserve.gateway.metrics import GatewayMetrics
-from fleetserve.telemetry import logs
+from fleetserve.gateway.scrape import WorkerScrape, WorkerSet
 from fleetserve.telemetry.tracing import IdGenerator
 from fleetserve.wire import retry_after
 
@@ -60,7 +49,7 @@ log = logging.getLogger(__name__)
 # function or a partial of one).
 MiddlewareFactory = Callable[[CollectorRegistry], Sequence[Middleware]]
 _PRUNE_INTERVAL_S = 5.0
-_SHUTDOWN_GRACE_S = 2.0
+SHUTDOWN_GRACE_S = 2.0
 
 
 @dataclass
@@ -108,12 +97,14 @@ async def serve_gateway(
     middlewares: MiddlewareFactory | None = None,
     discovery: Discovery | None = None,
     reuse_port: bool = False,
+    workers: WorkerSet | None = None,
     clock: Callable[[], float] = time.monotonic,
     rng: random.Random | None = None,
 ) -> AsyncIterator[GatewayHandle]:
     """Run a gateway in this event loop for the duration of the ``async with`` block.
 
-    ``discovery`` replaces the one ``config`` describes (tests feed events through it).
+    ``discovery`` replaces the one ``config`` describes (tests feed events through it); ``workers`` makes
+    this one worker of several, whose ``/metrics`` reports them all (:mod:`.scrape`).
     """
     metrics = GatewayMetrics()
     balancer = Balancer(config.balancer, clock=clock, rng=rng, observer=metrics)
@@ -132,18 +123,22 @@ async def serve_gateway(
     tasks = [asyncio.create_task(coro) for coro in background]
     runner: web.AppRunner | None = None
     grpc_server: grpc.aio.Server | None = None
+    scrape = None if workers is None else WorkerScrape(workers, metrics.render)
     try:
+        if scrape is not None:
+            await scrape.start()
         guards = EdgeGuards.create(config.edge, metrics.registry, clock)
         forwarder = Forwarder(balancer, metrics, config.hedge, guards.observer, max_retries=config.max_retries,
                               retry_after=retry_after(config.retry_after_s),
                               overload_retry_after=guards.retry_after, clock=clock)
         ids = IdGenerator()
         extra = middlewares(metrics.registry) if middlewares else ()
-        app = build_app(config, forwarder, balancer, upstreams, metrics, guards, ids, extra)
+        app = build_app(config, forwarder, balancer, upstreams, metrics, guards, ids, extra,
+                        None if scrape is None else scrape.render)
         # handler_cancellation: a client that hangs up cancels its request's task, and with it the attempt
         # in flight, whose upstream connection closes, so the replica sees the disconnect too.
         runner = web.AppRunner(app, access_log_class=access.access_logger(metrics), access_log=access.LOGGER,
-                               handle_signals=False, shutdown_timeout=_SHUTDOWN_GRACE_S,
+                               handle_signals=False, shutdown_timeout=SHUTDOWN_GRACE_S,
                                handler_cancellation=True, **server_kwargs(config.edge.limits))
         await runner.setup()
         site = guarded_site(runner, config.host, config.port, guards.limits, guards.observer, reuse_port=reuse_port)
@@ -162,91 +157,10 @@ async def serve_gateway(
             task.cancel()
         await asyncio.gather(*tasks, return_exceptions=True)
         if grpc_server is not None:
-            await grpc_server.stop(_SHUTDOWN_GRACE_S)
+            await grpc_server.stop(SHUTDOWN_GRACE_S)
         if runner is not None:
             await runner.cleanup()
         await upstreams.close()
         await channels.close()
-
-
-async def _serve_until_signalled(config: GatewayConfig, worker: bool,
-                                 middlewares: MiddlewareFactory | None) -> int:
-    stop = asyncio.Event()
-    loop = asyncio.get_running_loop()
-    # A worker leaves Ctrl-C to its parent, which turns it into one SIGTERM for every worker.
-    for signum in (signal.SIGTERM,) if worker else (signal.SIGINT, signal.SIGTERM):
-        loop.add_signal_handler(signum, stop.set)
-    async with serve_gateway(config, middlewares=middlewares, reuse_port=worker) as gateway:
-        _tune_gc()
-        grpc_note = f", gRPC on port {gateway.grpc_port}" if gateway.grpc_port else ""
-        log.info("gateway (pid %d) listening on %s:%d%s, policy %s, %d backend(s)", os.getpid(),
-                 config.host, gateway.port, grpc_note, config.balancer.policy, len(gateway.balancer.endpoints()))
-        await stop.wait()
-    log.info("gateway (pid %d) stopped", os.getpid())
-    return 0
-
-
-def _tune_gc() -> None:
-    """Keep the cyclic garbage collector's older-generation passes off what start-up built.
-
-    ``gc.freeze()`` moves everything alive after start-up (modules, the app, metrics, policies) into a
-    permanent generation that no future pass traverses, so a full collection under load walks only the
-    objects of requests in flight (Instagram's "Dismissing Python Garbage Collection", 2017;
-    https://docs.python.org/3/library/gc.html#gc.freeze): at saturation the gateway's p99 fell from
-    27–31 ms to 12 ms. The young-generation threshold stays at CPython's default: raising it (to 50,000)
-    saved no measurable CPU and makes each young collection a longer pause.
-    """
-    gc.collect()
-    gc.freeze()
-
-
-def _run_one(config: GatewayConfig, worker: bool, middlewares: MiddlewareFactory | None) -> int:
-    try:
-        with asyncio.Runner(loop_factory=loop_factory(config.loop)) as runner:
-            return runner.run(_serve_until_signalled(config, worker, middlewares))
-    except OSError as exc:
-        log.error("gateway cannot start on %s:%d: %s", config.host, config.port, exc.strerror or exc)
-        return 1
-
-
-def _worker_main(config: GatewayConfig, middlewares: MiddlewareFactory | None, log: tuple[str, str]) -> None:
-    logs.install(*log)
-    signal.signal(signal.SIGINT, signal.SIG_IGN)
-    sys.exit(_run_one(config, True, middlewares))
-
-
-def run_gateway(config: GatewayConfig, *, middlewares: MiddlewareFactory | None = None) -> int:
-    """Serve until SIGINT/SIGTERM; 0 after a clean stop, 1 when a worker failed."""
-    if config.workers == 1:
-        return _run_one(config, False, middlewares)
-    context = multiprocessing.get_context("spawn")  # no fork: gRPC's threads do not survive one
-    workers = [context.Process(target=_worker_main, args=(config, middlewares, logs.settings()),
-                               name=f"fleetserve-gateway-{i}") for i in range(config.workers)]
-    stopping = False
-
-    def stop_all(signum: int, frame: FrameType | None) -> None:
-        nonlocal stopping
-        stopping = True
-        for worker in workers:
-            if worker.pid is not None and worker.exitcode is None:
-                os.kill(worker.pid, signal.SIGTERM)
-
-    previous = {s: signal.signal(s, stop_all) for s in (signal.SIGINT, signal.SIGTERM)}
-    try:
-        for worker in workers:
-            worker.start()
-        multiprocessing.connection.wait([w.sentinel for w in workers])
-        if not stopping:
-            failed = next(w for w in workers if w.exitcode is not None)
-            log.error("gateway worker %s exited with %s; stopping the others", failed.name, failed.exitcode)
-            stop_all(signal.SIGTERM, None)
-            stopping = False
-        for worker in workers:
-            worker.join(_SHUTDOWN_GRACE_S + 5.0)
-            if worker.exitcode is None:
-                worker.kill()
-                worker.join()
-    finally:
-        for signum, handler in previous.items():
-            signal.signal(signum, handler)
-    return 0 if stopping and all(w.exitcode == 0 for w in workers) else 1
+        if scrape is not None:
+            await scrape.close()

@@ -1,0 +1,142 @@
+"""A ``/metrics`` scrape of a ``--workers N`` gateway reports the whole gateway, whichever worker answers it.
+
+Each worker keeps its own registry (its own balancer, pools and guards, as Envoy's workers do), so a scrape
+that reached one worker used to see that worker alone. Here every worker also serves its own exposition on
+a Unix socket in a directory the parent process creates for the run (and removes when it exits); the
+worker a scrape reaches reads its siblings' expositions there and merges them with its own:
+
+- counters, histograms and summaries are summed sample by sample (same names, same labels), as are gauges
+  of amounts (requests in flight, table sizes);
+- gauges that are a worker's view of the same fleet (``fleetserve_gateway_backends{state}``) take the
+  largest value, so two workers that each see three healthy backends report three, not six;
+- ``*_created`` timestamps take the earliest.
+
+``fleetserve_gateway_workers`` says how many workers' metrics the scrape holds; a worker that does not answer
+within :data:`PEER_TIMEOUT_S` is left out (and logged) rather than failing the scrape. Nothing of this runs
+per request: the cost is all at scrape time. The equivalent in prometheus-client, its multiprocess mode,
+writes every sample to a memory-mapped file under a lock on the request path and cannot drop the series of
+a removed backend, which is why it is not used.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import os
+from collections.abc import Callable, Iterator, Sequence
+from dataclasses import dataclass
+
+import aiohttp
+from aiohttp import web
+from prometheus_client import CollectorRegistry, generate_latest
+from prometheus_client.core import GaugeMetricFamily, Metric
+from prometheus_client.parser import text_string_to_metric_families
+from prometheus_client.registry import Collector
+
+log = logging.getLogger(__name__)
+
+PEER_TIMEOUT_S = 2.0
+WORKERS = "fleetserve_gateway_workers"
+# Gauges that are each worker's view of one shared thing: the scrape reports the largest.
+LARGEST = frozenset({"fleetserve_gateway_backends"})
+_LOCAL_PATH = "/metrics"
+
+
+@dataclass(frozen=True)
+class WorkerSet:
+    """This worker (``index``) among ``count`` workers whose metrics sockets live in ``directory``."""
+
+    directory: str
+    index: int
+    count: int
+
+    def socket(self, index: int) -> str:
+        return os.path.join(self.directory, f"worker-{index}.sock")
+
+
+def _combine(family: str, current: float, value: float) -> float:
+    if family.endswith("_created"):
+        return min(current, value)
+    if family in LARGEST:
+        return max(current, value)
+    return current + value
+
+
+def merge(expositions: Sequence[str]) -> bytes:
+    """One exposition of several registries' text expositions (see the module docstring for the rules)."""
+    families: dict[str, Metric] = {}
+    values: dict[str, dict[tuple[str, tuple[tuple[str, str], ...]], float]] = {}
+    for text in expositions:
+        for family in text_string_to_metric_families(text):
+            merged = families.get(family.name)
+            if merged is None:
+                merged = families[family.name] = Metric(family.name, family.documentation, family.type)
+                values[family.name] = {}
+            samples = values[family.name]
+            for sample in family.samples:
+                key = (sample.name, tuple(sorted(sample.labels.items())))
+                current = samples.get(key)
+                samples[key] = sample.value if current is None else _combine(family.name, current, sample.value)
+    for name, merged in families.items():
+        for (sample_name, labels), value in values[name].items():
+            merged.add_sample(sample_name, dict(labels), value)
+    workers = GaugeMetricFamily(WORKERS, "Gateway worker processes whose metrics this scrape holds",
+                                value=len(expositions))
+    registry = CollectorRegistry()
+    registry.register(_Fixed([*families.values(), workers]))
+    return generate_latest(registry)
+
+
+class _Fixed(Collector):
+    def __init__(self, families: list[Metric]) -> None:
+        self._families = families
+
+    def collect(self) -> Iterator[Metric]:
+        yield from self._families
+
+
+class WorkerScrape:
+    """Serves this worker's exposition to its siblings and merges theirs into every scrape it answers."""
+
+    def __init__(self, workers: WorkerSet, local: Callable[[], bytes]) -> None:
+        self._workers = workers
+        self._local = local
+        self._runner: web.AppRunner | None = None
+        self._sessions: dict[int, aiohttp.ClientSession] = {}
+
+    async def start(self) -> None:
+        async def own(request: web.Request) -> web.Response:
+            return web.Response(body=self._local(), content_type="text/plain")
+
+        app = web.Application()
+        app.router.add_get(_LOCAL_PATH, own)
+        self._runner = web.AppRunner(app, access_log=None, handle_signals=False)
+        await self._runner.setup()
+        await web.UnixSite(self._runner, self._workers.socket(self._workers.index)).start()
+
+    async def close(self) -> None:
+        for session in self._sessions.values():
+            await session.close()
+        if self._runner is not None:
+            await self._runner.cleanup()
+            with contextlib.suppress(FileNotFoundError):
+                os.unlink(self._workers.socket(self._workers.index))
+
+    async def _peer(self, index: int) -> str | None:
+        session = self._sessions.get(index)
+        if session is None:
+            connector = aiohttp.UnixConnector(path=self._workers.socket(index))
+            session = self._sessions[index] = aiohttp.ClientSession(connector=connector)
+        try:
+            async with asyncio.timeout(PEER_TIMEOUT_S), session.get(f"http://worker{_LOCAL_PATH}") as response:
+                return await response.text()
+        except (aiohttp.ClientError, OSError, TimeoutError) as exc:
+            log.warning("gateway worker %d left out of this scrape: %s", index, exc or type(exc).__name__)
+            return None
+
+    async def render(self) -> bytes:
+        """The whole gateway's exposition."""
+        others = [i for i in range(self._workers.count) if i != self._workers.index]
+        peers = await asyncio.gather(*(self._peer(i) for i in others))
+        return merge([self._local().decode(), *(text for text in peers if text is not None)])
