@@ -29,7 +29,7 @@ from __future__ import annotations
 import json
 import math
 from collections.abc import Mapping
-from dataclasses import dataclass
+from typing import NamedTuple
 
 from aiohttp import web
 
@@ -116,14 +116,16 @@ INFLIGHT = "inflight"
 GPU_UTILIZATION = "gpu_utilization"
 GPU_THROTTLED = "gpu_throttled"
 _TEXT = "TEXT "
-_NAMED = "named_metrics."
+_QUEUE_DEPTH = "named_metrics." + QUEUE_DEPTH
+_INFLIGHT = "named_metrics." + INFLIGHT
+_GPU_UTILIZATION = "named_metrics." + GPU_UTILIZATION
+_GPU_THROTTLED = "named_metrics." + GPU_THROTTLED
 # Counts above this are read as this: a garbage report must not overflow a score.
 _MAX_COUNT = 1_000_000.0
 _CACHE_ENTRIES = 1024
 
 
-@dataclass(frozen=True, slots=True)
-class LoadReport:
+class LoadReport(NamedTuple):
     """The part of an ORCA load report the gateway uses; counts are rows, utilizations fractions."""
 
     application_utilization: float = 0.0
@@ -169,27 +171,33 @@ def parse_load_report(text: str | None) -> LoadReport | None:
 def _parse(text: str) -> LoadReport | None:
     if not text.startswith(_TEXT):
         return None  # the BIN and JSON forms are not read
-    fields: dict[str, float] = {}
+    utilization = queue = inflight = gpu = 0.0
+    throttled = False
+    seen: set[str] = set()
     for item in text[len(_TEXT):].split(","):
         name, sep, value = item.partition("=")
         if not sep:
             name, sep, value = item.partition(":")
-        name = name.strip()
         try:
             number = float(value)
         except ValueError:
             return None
-        if not sep or not name or name in fields or not math.isfinite(number):
+        name = name.strip()
+        if not sep or not name or name in seen or not math.isfinite(number):
             return None
-        fields[name] = number
-    return LoadReport(
-        application_utilization=max(0.0, fields.get("application_utilization", 0.0)),
-        queue_depth=_count(fields.get(_NAMED + QUEUE_DEPTH)),
-        inflight=_count(fields.get(_NAMED + INFLIGHT)),
-        gpu_utilization=min(1.0, max(0.0, fields.get(_NAMED + GPU_UTILIZATION, 0.0))),
-        gpu_throttled=fields.get(_NAMED + GPU_THROTTLED, 0.0) > 0.0,
-    )
+        seen.add(name)
+        if name == _QUEUE_DEPTH:
+            queue = number
+        elif name == _INFLIGHT:
+            inflight = number
+        elif name == "application_utilization":
+            utilization = number
+        elif name == _GPU_UTILIZATION:
+            gpu = number
+        elif name == _GPU_THROTTLED:
+            throttled = number > 0.0
+    return LoadReport(max(0.0, utilization), _count(queue), _count(inflight), min(1.0, max(0.0, gpu)), throttled)
 
 
-def _count(value: float | None) -> float:
-    return 0.0 if value is None else min(_MAX_COUNT, max(0.0, value))
+def _count(value: float) -> float:
+    return min(_MAX_COUNT, max(0.0, value))
