@@ -53,8 +53,9 @@ class GrpcGuards:
         self._rate = next((m for m in middlewares if isinstance(m, RateLimitMiddleware)), None)
 
     @property
-    def active(self) -> bool:
-        return self._shed is not None or self._auth is not None or self._rate is not None
+    def checking(self) -> bool:
+        """Whether :meth:`admit` has anything to check (JWT or rate limits configured)."""
+        return self._auth is not None or self._rate is not None
 
     def enter(self, method: str) -> Rejection | None:
         """Count the call against the gateway's in-flight cap, or refuse it there."""
@@ -73,7 +74,7 @@ class GrpcGuards:
         """The verified caller (None: anonymous), or the refusal of the first guard that says no.
 
         ``metadata`` is the call's text metadata (lowercase keys), ``forwarded`` its ``x-forwarded-for``
-        values, ``peer`` the client address (:func:`peer_address`).
+        values, ``peer`` the gRPC peer string (``context.peer()``).
         """
         identity: Identity | None = None
         auth = self._auth
@@ -85,7 +86,7 @@ class GrpcGuards:
         rate = self._rate
         if rate is not None and method not in rate.exempt:
             client = rate.client_address
-            rejection = rate.admit(method, identity, lambda: client.resolve(peer, forwarded))
+            rejection = rate.admit(method, identity, lambda: client.resolve(peer_address(peer), forwarded))
             if rejection is not None:
                 return rejection
         return identity
