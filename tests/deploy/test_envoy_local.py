@@ -22,6 +22,7 @@ from cryptography.hazmat.primitives.asymmetric import rsa
 from fleetserve.deploy.local import EnvoyProcess
 from fleetserve.gateway.edge.config import EdgeConfig, RateLimitRule
 from fleetserve.gateway.edge.jwtconfig import JwtConfig, KeySpec
+from fleetserve.wire import encode_load_report
 from tests.deploy.test_local import infer, served
 from tests.support.procs import Proc, replica
 from tests.support.waiting import until_sync
@@ -127,8 +128,8 @@ def test_envoy_enforces_the_rate_limit_per_client(pair: tuple[Proc, Proc], envoy
 
 
 class _Reporting(BaseHTTPRequestHandler):
-    """A stand-in replica that puts a fixed ORCA load report on every response (the form Envoy 1.40 reads:
-    ``endpoint-load-metrics: TEXT k=v,...``; Envoy's weight is ``rps_fractional / utilization``)."""
+    """A stand-in replica that puts a fixed ORCA load report on every response, encoded as replicas encode
+    theirs (:func:`fleetserve.wire.encode_load_report`; Envoy's weight is ``rps_fractional / utilization``)."""
 
     protocol_version = "HTTP/1.1"
     report = ""
@@ -159,8 +160,8 @@ def reporting() -> Iterator[list[tuple[str, type[_Reporting]]]]:
     servers = []
     for utilization in (0.9, 0.1):
         handler = type("Reporting", (_Reporting,), {
-            "served": 0, "report": f"TEXT application_utilization={utilization},rps_fractional=100,"
-                                   f"named_metrics.queue_depth={round(utilization * 10)}"})
+            "served": 0, "report": encode_load_report(queue_depth=round(utilization * 10), inflight=1,
+                                                      utilization=utilization, rps=100.0)})
         server = ThreadingHTTPServer(("127.0.0.1", 0), handler)
         threading.Thread(target=server.serve_forever, daemon=True).start()
         servers.append((server, handler))
