@@ -62,7 +62,7 @@ HTTP_GRPC_STATUS: dict[int, str] = {
     501: "UNIMPLEMENTED", 502: "UNAVAILABLE", 503: "UNAVAILABLE", 504: "DEADLINE_EXCEEDED",
 }
 
-MAX_WEIGHT = 10_000.0
+MAX_WEIGHT = 1_000_000.0  # measured throughputs (sequences/s) are used as weights as they are
 
 
 def retry_after(seconds: float) -> str:
@@ -101,7 +101,7 @@ def check_weight(weight: float, where: str) -> float:
     """``weight`` as a float when it is a finite number in (0, MAX_WEIGHT]; ValueError otherwise."""
     number = isinstance(weight, int | float) and not isinstance(weight, bool)
     if not (number and math.isfinite(weight) and 0 < weight <= MAX_WEIGHT):
-        raise ValueError(f"backend {where}: weight must be a positive number up to {MAX_WEIGHT:g}, got {weight!r}")
+        raise ValueError(f"backend {where}: weight must be a positive number up to {MAX_WEIGHT:.0f}, got {weight!r}")
     return float(weight)
 
 

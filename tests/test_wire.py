@@ -41,7 +41,7 @@ def test_weighted_urls_parse_to_float_weights(spec: str, parsed: tuple[str, floa
 
 @pytest.mark.parametrize(("spec", "message"), [
     ("http://a:1=x", "weight 'x' is not a number"),
-    ("http://a:1=0", "positive number up to 10000, got 0.0"),
+    ("http://a:1=0", "positive number up to 1000000, got 0.0"),
     ("http://a:1=-1", "positive number"),
     ("http://a:1=nan", "positive number"),
     ("http://a:1=1e9", "positive number"),

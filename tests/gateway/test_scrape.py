@@ -49,9 +49,18 @@ def test_merge_sums_amounts_and_takes_the_largest_view_of_the_fleet() -> None:
     assert (merged[(bucket, (("le", "0.01"),))], merged[(bucket, (("le", "0.1"),))]) == (1, 2)
     assert merged[("fleetserve_gateway_upstream_duration_seconds_sum", ())] == 0.055
     assert merged[("fleetserve_gateway_workers", ())] == 2
-    single = values(worker_registry(1, 1, 0.001))
-    created = [key for key in single if key[0].endswith("_created")]
-    assert created and all(merged[key] <= single[key] for key in created)  # the earliest start
+
+
+def test_merge_keeps_the_earliest_created_time() -> None:
+    def exposition(created: float) -> str:
+        return ("# HELP fleetserve_gateway_retries_total r\n# TYPE fleetserve_gateway_retries_total counter\n"
+                "fleetserve_gateway_retries_total 1.0\n"
+                "# HELP fleetserve_gateway_retries_created r\n# TYPE fleetserve_gateway_retries_created gauge\n"
+                f"fleetserve_gateway_retries_created {created}\n")
+
+    merged = values(merge([exposition(1700000050.0), exposition(1700000010.0)]))
+    assert merged[("fleetserve_gateway_retries_created", ())] == 1700000010.0
+    assert merged[("fleetserve_gateway_retries_total", ())] == 2
 
 
 async def scrape(session: aiohttp.ClientSession, url: str) -> dict[tuple[str, tuple[tuple[str, str], ...]], float]:

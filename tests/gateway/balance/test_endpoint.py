@@ -54,9 +54,9 @@ def test_labels_are_a_private_read_only_copy() -> None:
         ("http://:8000", "no host"),
         ("http://a:99999", "a:99999"),
         ("http://a:1=zero", "weight 'zero' is not a number"),
-        ("http://a:1=0", "weight must be a positive number up to 10000, got 0.0"),
+        ("http://a:1=0", "weight must be a positive number up to 1000000, got 0.0"),
         ("http://a:1=inf", "weight must be a positive number"),
-        ("http://a:1=20000", "weight must be a positive number"),
+        ("http://a:1=2000000", "weight must be a positive number"),
     ],
 )
 def test_bad_specs_name_the_problem(spec: str, message: str) -> None:
