@@ -65,7 +65,7 @@ def test_a_new_backends_ejection_counter_starts_at_zero() -> None:
 def test_process_metrics_and_end_to_end_histogram_are_exposed() -> None:
     metrics = GatewayMetrics()
     metrics.request_duration.series().observe(0.012)
-    text = metrics.render()[0].decode()
+    text = metrics.render().decode()
     assert "process_cpu_seconds_total" in text and "process_resident_memory_bytes" in text
     assert 'fleetserve_gateway_request_duration_seconds_bucket{le="0.0125"} 1.0' in text
     assert 'fleetserve_gateway_request_duration_seconds_bucket{le="0.01"} 0.0' in text

