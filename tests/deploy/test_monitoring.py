@@ -7,6 +7,8 @@ from typing import Any
 
 import pytest
 import yaml
+from prometheus_client import CollectorRegistry, generate_latest
+from prometheus_client.parser import text_string_to_metric_families
 
 from fleetserve.deploy.monitoring import MonitoringConfig, panels, render_grafana, render_prometheus
 from fleetserve.deploy.templating import write_tree
@@ -20,6 +22,8 @@ _SERIES_SUFFIX = re.compile(r"_(?:total|bucket|sum|count|created|info)$")
 NOT_ON_A_PANEL = {
     # The replica's --instances setting, constant while it runs: configuration, not a signal.
     "fleetserve_engine_instances",
+    # How many workers' metrics a --workers N scrape merged: a check of the scrape itself, constant while it runs.
+    "fleetserve_gateway_workers",
 }
 
 
@@ -30,11 +34,24 @@ def _registries() -> list[Any]:
     from fleetserve.gateway.edge import EdgeConfig, RateLimitRule
     from fleetserve.gateway.edge.guards import EdgeGuards
     from fleetserve.gateway.metrics import GatewayMetrics
+    from fleetserve.gateway.scrape import merge
     from fleetserve.telemetry.metrics import ReplicaMetrics
 
     gateway = GatewayMetrics().registry
     EdgeGuards.create(EdgeConfig(rate_limits=(RateLimitRule(rate=100.0, burst=10),)), gateway)
-    return [ReplicaMetrics("m").registry, gateway]
+    merged = CollectorRegistry()  # what a --workers N scrape adds to the families above
+    merged.register(_Parsed(merge([generate_latest(gateway).decode()] * 2).decode()))
+    return [ReplicaMetrics("m").registry, gateway, merged]
+
+
+class _Parsed:
+    """The families of an exposition text, as a collector."""
+
+    def __init__(self, text: str) -> None:
+        self._families = list(text_string_to_metric_families(text))
+
+    def collect(self) -> list[Any]:
+        return [f for f in self._families if f.name == "fleetserve_gateway_workers"]
 
 
 def _exported_series() -> set[str]:

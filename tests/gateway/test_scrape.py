@@ -18,9 +18,10 @@ from prometheus_client.parser import text_string_to_metric_families
 from fleetserve.gateway.metrics import GatewayMetrics
 from fleetserve.gateway.scrape import WorkerSet, merge
 from fleetserve.gateway.server import serve_gateway
-from tests.gateway.conftest import FakeReplica, gateway_config
 from tests.gateway.test_server import spawn, wait_exit, wait_listening  # noqa: F401  (spawn is a fixture)
-from tests.procs import free_port
+from tests.support.fake_replica import FakeReplica
+from tests.support.gateways import gateway_config
+from tests.support.procs import free_port
 
 StartReplicas = Callable[[int], Awaitable[list[FakeReplica]]]
 
