@@ -64,8 +64,8 @@ class GatewayMetrics:
         self.hedges = Counter("fleetserve_gateway_hedges", "Hedged second attempts, by which attempt "
                               "answered first (won: the hedge, lost: the original)", ["outcome"], registry=r)
         self.hedges_skipped = Counter("fleetserve_gateway_hedges_skipped", "Hedges due but not sent, by "
-                                      "reason (budget: hedge budget spent; no_backend: no other "
-                                      "replica)", ["reason"], registry=r)
+                                      "reason (budget: hedge budget spent; no_backend: no other replica; busy: the "
+                                      "other replica had work outstanding)", ["reason"], registry=r)
         self.inflight = Gauge("fleetserve_gateway_inflight_requests", "Client requests in progress",
                               registry=r)
         self.backends = Gauge("fleetserve_gateway_backends", "Backends per state", ["state"], registry=r)

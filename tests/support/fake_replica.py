@@ -23,6 +23,7 @@ class FakeReplica:
     name: str
     mode: str = "ok"
     queue_depth: int = 0
+    inflight: int = 0  # rows reported running besides the answered request (which is done when it answers)
     delay_s: float = 0.0
     hits: int = 0
     last_headers: dict[str, str] = field(default_factory=dict)
@@ -34,7 +35,7 @@ class FakeReplica:
         self.hits += 1
         self.last_headers = dict(request.headers)
         self.last_body = await request.read()
-        load = {LOAD_REPORT_HEADER: encode_load_report(self.queue_depth, 1)}
+        load = {LOAD_REPORT_HEADER: encode_load_report(self.queue_depth, self.inflight)}
         if self.mode == "hang":
             await asyncio.sleep(3600)
         if self.delay_s:

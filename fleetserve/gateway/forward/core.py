@@ -15,8 +15,9 @@ to one replica and how to classify what came back. The core does the rest, the s
   pool to it full) did no work anywhere and is retried without it: that keeps a crashed replica from
   failing the requests routed to it before it is ejected. Never after an answer started to arrive, and
   never on a 4xx, which is the client's to see unchanged.
-- **Hedge** (:mod:`.hedge`, opt-in): an inference call whose first attempt is slower than the route's recent
-  latency percentile gets a copy on another replica within the hedge budget; the first answer wins and the
+- **Hedge** (:mod:`.hedge`): an inference call whose first attempt is slower than the route's recent
+  latency percentile gets a copy on another replica that has nothing outstanding, within the hedge budget;
+  the first answer wins and the
   other attempt is cancelled, which closes its upstream connection (HTTP) or cancels its call (gRPC), so
   that replica stops working on it.
 - **Answers the gateway gives itself**: 503 + ``Retry-After`` when no replica can take the request (every one
@@ -35,6 +36,7 @@ from dataclasses import dataclass
 from typing import Any, Generic, Protocol, TypeVar
 
 from fleetserve.gateway.balance import Balancer, Endpoint, RequestContext, Ticket
+from fleetserve.gateway.balance.load import outstanding
 from fleetserve.gateway.edge.metrics import RejectionObserver
 from fleetserve.gateway.forward.hedge import HedgeConfig, Hedger, race
 from fleetserve.gateway.metrics import NO_BACKEND, GatewayMetrics
@@ -188,6 +190,10 @@ class Forwarder:
         ep = self._balancer.pick(ctx, exclude)
         if ep is None:
             self._metrics.hedges_skipped.labels("no_backend").inc()
+            return None
+        if self._hedger.config.spare_only and outstanding(self._balancer.load(ep), self._clock()) >= 1.0:
+            # A copy queued behind other work rarely beats the original and adds to the load that made it slow.
+            self._metrics.hedges_skipped.labels("busy").inc()
             return None
         budget.take()
         return ep

@@ -66,6 +66,9 @@ class HedgeConfig:
                                flag="--hedge-percentile")
     min_delay_ms: float = 1.0
     max_extra_percent: float = option(10.0, "hedges at most this share of requests", flag="--hedge-max-extra-percent")
+    spare_only: bool = option(True, "hedge only to a replica with nothing outstanding (its last load report and "
+                              "this gateway's count): near saturation there is none, and hedging stops by itself",
+                              flag="--hedge-spare-only")
     burst: float = 20.0
     window: int = 1000
     min_samples: int = 100

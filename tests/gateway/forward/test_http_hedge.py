@@ -83,6 +83,22 @@ async def test_no_hedge_without_budget(replicas: StartReplicas, gateway: StartGa
     assert fast.hits == fast_hits  # no copy was sent
 
 
+async def test_no_hedge_to_a_replica_with_work_outstanding(replicas: StartReplicas, gateway: StartGateway,
+                                                           client: aiohttp.ClientSession) -> None:
+    """A copy queued behind other work rarely wins and adds to the load: hedges go to idle replicas only."""
+    slow, busy = await replicas(2)
+    gw = await gateway([slow.url, busy.url], balancer=ROUND_ROBIN, hedge=EAGER)
+    busy.queue_depth = 3  # its next answer reports rows queued
+    await warm_up(client, gw.url, slow)
+    slow.delay_s = 1.0
+    busy_hits = busy.hits
+    status, body, elapsed = await infer(client, gw.url)
+    assert (status, body["replica"]) == (200, slow.name)
+    assert elapsed >= 1.0
+    assert counter(gw, "hedges_skipped", "busy") == 1
+    assert busy.hits == busy_hits
+
+
 async def test_hedges_leave_the_retry_budget_to_retries(replicas: StartReplicas, gateway: StartGateway,
                                                          client: aiohttp.ClientSession) -> None:
     slow, fast = await replicas(2)
