@@ -19,6 +19,9 @@ class BatchObserver(Protocol):
     def on_rejected(self) -> None:
         """A request was turned away with ``Overloaded``/``NotReady`` (full queue, draining, not started)."""
 
+    def on_cancelled(self, n: int) -> None:
+        """``n`` queued requests were taken out of the queue unrun because their callers gave up."""
+
 
 class NullObserver:
     """Observes nothing; the default when no observer is given."""
@@ -30,4 +33,7 @@ class NullObserver:
         pass
 
     def on_rejected(self) -> None:
+        pass
+
+    def on_cancelled(self, n: int) -> None:
         pass

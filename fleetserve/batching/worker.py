@@ -5,7 +5,9 @@ event loop never blocks and instances compute concurrently.
 The scheduler task sleeps until a request arrives, an instance frees up or the collator's next
 wake-up time (a bucket's ``max_delay_s`` or a request's deadline), then polls the collator: expired
 requests are answered ``RequestExpired`` (also while every instance is busy), and each ready batch
-goes to a free instance. Padding, the engine call and splitting all happen on the instance's thread.
+goes to a free instance. A caller that gives up (its task is cancelled, e.g. because the client hung
+up) takes its request out of the queue, so no engine call is spent on an answer nobody reads.
+Padding, the engine call and splitting all happen on the instance's thread.
 An engine error fails only the requests of that batch; the loop keeps serving.
 
 ``queue_depth`` and ``inflight`` count rows, like ``BatcherConfig.max_queue``.
@@ -142,12 +144,16 @@ class Batcher:
 
     async def submit(
         self, inputs: Mapping[str, np.ndarray], *, priority: int | None = None, timeout_s: float | None = None,
-        outputs: Sequence[str] | None = None,
+        outputs: Sequence[str] | None = None, deadline: float | None = None,
     ) -> dict[str, np.ndarray]:
         """Queue one request and await its outputs; ``InvalidInput``/``Overloaded``/``NotReady`` at once.
 
         ``outputs`` names the outputs the caller needs (None: all); a batch asks the engine for the union
         of its requests' outputs only, so nobody pays for copying back tensors nobody reads.
+        ``timeout_s`` bounds the time in the queue from now; ``deadline`` (on the batcher's clock) is an
+        absolute bound from the caller's caller, e.g. a gateway's forwarded deadline. The earlier of the
+        two applies; a request still queued then is answered ``RequestExpired`` and never run, and one
+        whose deadline has already passed is refused at once.
         """
         if not self._accepting:
             self._observer.on_rejected()
@@ -169,15 +175,18 @@ class Batcher:
         if wanted is not None and (unknown := wanted - self._output_names):
             known = sorted(self._output_names)
             raise InvalidInput(f"unknown outputs {sorted(unknown)}; the model's outputs are {known}")
-        job = _Job(request, asyncio.get_running_loop().create_future(), timeout, wanted)
+        expires = None if timeout is None else now + timeout
+        if deadline is not None:
+            if deadline <= now:
+                self._observer.on_expired(1)
+                raise RequestExpired(f"the request's deadline passed {now - deadline:.3f}s before it could be "
+                                     "queued; it was not run")
+            expires = deadline if expires is None else min(expires, deadline)
+        job = _Job(request, asyncio.get_running_loop().create_future(), None if expires is None else expires - now,
+                   wanted)
         try:
             entry = self._collator.push(
-                job,
-                rows=request.rows,
-                bucket=bucket,
-                priority=level,
-                now=now,
-                deadline=None if timeout is None else now + timeout,
+                job, rows=request.rows, bucket=bucket, priority=level, now=now, deadline=expires,
             )
         except Overloaded:
             self._observer.on_rejected()
@@ -187,7 +196,8 @@ class Batcher:
             return await job.future
         except asyncio.CancelledError:
             # The caller gave up (e.g. the client disconnected): do not spend an engine call on it.
-            self._collator.remove(entry)
+            if self._collator.remove(entry):
+                self._observer.on_cancelled(1)
             raise
 
     async def drain(self, timeout_s: float) -> None:
@@ -239,7 +249,7 @@ class Batcher:
                 job.future.set_exception(
                     RequestExpired(
                         f"request waited {now - entry.enqueued_at:.3f}s in the queue, "
-                        f"past its timeout of {job.timeout_s}s; it was not run"
+                        f"past its timeout of {job.timeout_s:.3f}s; it was not run"
                     )
                 )
         self._observer.on_expired(len(expired))

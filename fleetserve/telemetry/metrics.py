@@ -2,7 +2,9 @@
 
 Names follow DESIGN.md: ``fleetserve_request_duration_seconds{model,stage=queue|compute|total}``,
 ``fleetserve_batch_size``, ``fleetserve_queue_depth``, ``fleetserve_inflight_requests``,
-``fleetserve_requests_total{model,code}``. The object doubles as the batcher's ``BatchObserver``.
+``fleetserve_requests_total{model,code}`` (code 499: the client disconnected before its answer),
+``fleetserve_requests_expired_total`` and ``fleetserve_requests_cancelled_total`` (queued requests dropped unrun
+past their deadline or because their caller left). The object doubles as the batcher's ``BatchObserver``.
 """
 
 from __future__ import annotations
@@ -39,11 +41,16 @@ class ReplicaMetrics:
                                ["model"], registry=r)
         self.rejected = Counter("fleetserve_requests_rejected", "Requests refused because the queue was full",
                                 ["model"], registry=r)
+        self.cancelled = Counter("fleetserve_requests_cancelled", "Queued requests dropped unrun because their "
+                                 "client disconnected or cancelled", ["model"], registry=r)
         self.truncated = Counter("fleetserve_texts_truncated", "Texts truncated at the model's maximum length",
                                  ["model"], registry=r)
         self._queue_h = self.duration.labels(model, "queue")
         self._compute_h = self.duration.labels(model, "compute")
         self._total_h = self.duration.labels(model, "total")
+        # Visible at 0 before the first one, so a rate() over them starts at the first scrape.
+        self._expired = self.expired.labels(model)
+        self._cancelled = self.cancelled.labels(model)
         self._batch_h = self.batch_size.labels(model)
         self._seq_h = self.batch_seq.labels(model)
 
@@ -57,10 +64,13 @@ class ReplicaMetrics:
             self._compute_h.observe(compute_s)
 
     def on_expired(self, n: int) -> None:
-        self.expired.labels(self.model).inc(n)
+        self._expired.inc(n)
 
     def on_rejected(self) -> None:
         self.rejected.labels(self.model).inc()
+
+    def on_cancelled(self, n: int) -> None:
+        self._cancelled.inc(n)
 
     def observe_request(self, code: int | str, seconds: float) -> None:
         self.requests.labels(self.model, str(code)).inc()

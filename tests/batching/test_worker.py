@@ -30,6 +30,7 @@ class RecordingObserver:
         self.batches: list[tuple[int, int, list[float], float]] = []
         self.expired = 0
         self.rejected = 0
+        self.cancelled = 0
 
     def on_batch(self, size: int, seq: int, queue_wait_s: list[float], compute_s: float) -> None:
         self.batches.append((size, seq, queue_wait_s, compute_s))
@@ -39,6 +40,9 @@ class RecordingObserver:
 
     def on_rejected(self) -> None:
         self.rejected += 1
+
+    def on_cancelled(self, n: int) -> None:
+        self.cancelled += n
 
 
 async def held(gate: Gate) -> None:
@@ -299,6 +303,57 @@ async def test_a_cancelled_request_leaves_the_queue(
     assert batcher.queue_depth == 0
     gate.release.set()
     await running
+    assert len(engine.calls) == 1
+
+
+async def test_a_cancelled_request_is_counted_once_and_never_run(
+    make_batcher: MakeBatcher, make_request: MakeRequest, gate: Gate, engine: TinyEngine
+) -> None:
+    observer = RecordingObserver()
+    batcher = make_batcher(max_batch=1, max_delay_s=0.0, observer=observer)
+    await batcher.start()
+    running = asyncio.create_task(batcher.submit(make_request(1, 3)))
+    await held(gate)
+    abandoned = [asyncio.create_task(batcher.submit(make_request(1, 3, first_id=49))) for _ in range(3)]
+    await asyncio.sleep(0)
+    for task in abandoned:
+        task.cancel()
+    await asyncio.gather(*abandoned, return_exceptions=True)
+    running.cancel()  # already running: its batch finishes, but it left no queue entry to count
+    gate.release.set()
+    await asyncio.gather(running, return_exceptions=True)
+    await batcher.submit(make_request(1, 3))
+    assert observer.cancelled == 3
+    assert len(engine.calls) == 2 and all(ids[0, 0] != 49 for ids in engine.fed_ids)
+
+
+async def test_a_deadline_earlier_than_the_timeout_expires_the_request_unrun(
+    make_batcher: MakeBatcher, make_request: MakeRequest, gate: Gate, engine: TinyEngine
+) -> None:
+    observer = RecordingObserver()
+    batcher = make_batcher(max_batch=1, max_delay_s=0.0, observer=observer)
+    await batcher.start()
+    running = asyncio.create_task(batcher.submit(make_request(1, 3)))
+    await held(gate)
+    with pytest.raises(RequestExpired, match=r"past its timeout of 0\.05"):
+        await batcher.submit(make_request(1, 3, first_id=49), timeout_s=10, deadline=time.monotonic() + 0.05)
+    assert observer.expired == 1 and batcher.queue_depth == 0
+    gate.release.set()
+    await running
+    assert len(engine.calls) == 1
+
+
+async def test_a_deadline_already_passed_is_refused_without_queueing(
+    make_batcher: MakeBatcher, make_request: MakeRequest, engine: TinyEngine
+) -> None:
+    observer = RecordingObserver()
+    batcher = make_batcher(max_batch=1, max_delay_s=0.0, observer=observer)
+    await batcher.start()
+    with pytest.raises(RequestExpired, match="deadline passed"):
+        await batcher.submit(make_request(1, 3), deadline=time.monotonic() - 0.001)
+    assert observer.expired == 1 and engine.calls == []
+    # A later deadline than the timeout leaves the timeout in charge; the request runs.
+    await batcher.submit(make_request(1, 3), timeout_s=5, deadline=time.monotonic() + 60)
     assert len(engine.calls) == 1
 
 
