@@ -8,6 +8,7 @@ gateway's view of this replica is fresh without polling. A W3C
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import time
 from collections.abc import Awaitable, Callable
@@ -29,6 +30,8 @@ log = logging.getLogger(__name__)
 Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
 
 COUNTED_SUFFIXES = ("/infer", "/inference")
+# The code counted for a request whose client disconnected before its answer (NGINX's "client closed request").
+CLIENT_CLOSED = 499
 
 
 def build_app(
@@ -60,6 +63,9 @@ def build_app(
             status = response.status
         except web.HTTPException as exc:
             status = exc.status
+            raise
+        except asyncio.CancelledError:
+            status = CLIENT_CLOSED
             raise
         finally:
             if counted:

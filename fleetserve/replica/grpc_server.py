@@ -7,6 +7,10 @@ as ``raw_input_contents`` (one entry per input) or as typed ``contents``; output
 :class:`~fleetserve.errors.FleetserveError` becomes the gRPC status named by its ``grpc_code`` (with a
 ``retry-after`` trailer when it carries one); anything else is logged and answered INTERNAL. Every call's
 trailing metadata carries the replica's ORCA load report (``endpoint-load-metrics``), as HTTP responses do.
+
+A call's deadline bounds its time in the batcher's queue (work still queued at the deadline is dropped,
+never run), and a call the client cancels, or whose deadline passes, has its handler cancelled by grpc.aio,
+which takes its request out of the queue.
 """
 
 from __future__ import annotations
@@ -34,6 +38,7 @@ from fleetserve.replica.codec import (
     tensor_to_raw,
     values_to_array,
 )
+from fleetserve.replica.deadline import remaining_deadline
 from fleetserve.replica.load import LoadReporter
 from fleetserve.replica.model import ModelRepository, ServedModel
 from fleetserve.replica.proto import grpc_service_pb2 as pb
@@ -243,11 +248,12 @@ class InferenceServicer:
     async def ModelInfer(
         self, request: pb.ModelInferRequest, context: grpc.aio.ServicerContext
     ) -> pb.ModelInferResponse:
+        deadline = remaining_deadline(context.time_remaining())
         model = self._repo.get(request.model_name, request.model_version)
         decoded = decode_model_infer(request, model, self._limits)
         results = await model.infer(
             decoded.inputs, priority=decoded.priority, timeout_s=decoded.timeout_s,
-            outputs=[o.name for o in decoded.outputs],
+            outputs=[o.name for o in decoded.outputs], deadline=deadline,
         )
         return encode_model_infer(model, decoded, results)
 

@@ -3,8 +3,10 @@
 Shapes of the answers mirror Triton's so NVIDIA's ``tritonclient.http`` works unmodified. Every error
 leaves as ``{"error": message}`` with the status of its :class:`~fleetserve.errors.FleetserveError`
 (``Retry-After`` in whole seconds when the error carries one); anything unexpected is logged and answered
-500 without a traceback. Large bodies are decoded and encoded on a worker thread so one big request does
-not stall the event loop for everyone else.
+500 without a traceback. A forwarded deadline (``X-Fleetserve-Timeout-Ms``, see :mod:`.deadline`)
+bounds the request's time in the queue, together with Triton's ``timeout`` parameter. Large bodies
+are decoded and encoded on a worker thread so one big request does not stall the event loop for
+everyone else.
 """
 
 from __future__ import annotations
@@ -20,6 +22,7 @@ from aiohttp import web
 from fleetserve.engine.base import TensorSpec
 from fleetserve.errors import FleetserveError, NotReady
 from fleetserve.replica.codec import HEADER_LENGTH, CodecLimits, decode_infer_request, encode_infer_response
+from fleetserve.replica.deadline import TIMEOUT_HEADER, forwarded_deadline
 from fleetserve.replica.model import ModelRepository, ServedModel
 from fleetserve.wire import RETRY_AFTER, error_response, retry_after
 
@@ -128,6 +131,7 @@ class _KServeHandlers:
         return web.json_response({"name": model.name, "ready": True})
 
     async def infer(self, request: web.Request) -> web.StreamResponse:
+        deadline = forwarded_deadline(request.headers.get(TIMEOUT_HEADER))
         model = self._model(request)
         body = await request.read()
         decoded = await _maybe_offload(
@@ -141,7 +145,7 @@ class _KServeHandlers:
         )
         results = await model.infer(
             decoded.inputs, priority=decoded.priority, timeout_s=decoded.timeout_s,
-            outputs=[o.name for o in decoded.outputs],
+            outputs=[o.name for o in decoded.outputs], deadline=deadline,
         )
         payload, header_length = await _maybe_offload(
             sum(getattr(a, "nbytes", 0) for a in results.values()),

@@ -38,11 +38,13 @@ class ServedModel(Protocol):
 
     async def infer(
         self, inputs: dict[str, np.ndarray], *, priority: int | None, timeout_s: float | None,
-        outputs: Sequence[str] | None = None,
+        outputs: Sequence[str] | None = None, deadline: float | None = None,
     ) -> dict[str, np.ndarray]:
         """Run one request; raises a :class:`~fleetserve.errors.FleetserveError` the front ends map.
 
         ``outputs`` names the outputs the answer needs (None: all); others may be left out.
+        ``deadline`` (``time.monotonic()`` seconds) is the caller's: work still queued then is dropped
+        (``RequestExpired``); cancelling the call drops queued work too.
         Input arrays may be read-only views on the request body; copy before writing into them.
         """
         ...

@@ -34,9 +34,10 @@ class BatchedModel:
 
     async def infer(
         self, inputs: dict[str, np.ndarray], *, priority: int | None, timeout_s: float | None,
-        outputs: Sequence[str] | None = None,
+        outputs: Sequence[str] | None = None, deadline: float | None = None,
     ) -> dict[str, np.ndarray]:
-        result = await self.batcher.submit(inputs, priority=priority, timeout_s=timeout_s, outputs=outputs)
+        result = await self.batcher.submit(inputs, priority=priority, timeout_s=timeout_s, outputs=outputs,
+                                           deadline=deadline)
         if self.extra_latency_s:
             await asyncio.sleep(self.extra_latency_s)
         return result

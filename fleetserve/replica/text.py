@@ -4,7 +4,8 @@
 "candidates": [...], "top_k": K}`` ranks the candidates by cosine similarity to the query (one engine
 request of 1 + N rows) and returns ``{"results": [{"index", "text", "score"}, ...]}``. Texts longer than the
 model maximum are truncated and their indices listed under ``truncated`` (documented, never silent). A call
-with more texts than one engine batch is split into batch-sized requests that run concurrently.
+with more texts than one engine batch is split into batch-sized requests that run concurrently. ``timeout_ms``
+in the body and a forwarded ``X-Fleetserve-Timeout-Ms`` bound the time those requests may wait in the queue.
 """
 
 from __future__ import annotations
@@ -19,6 +20,7 @@ from aiohttp import web
 
 from fleetserve.errors import InvalidInput, PayloadTooLarge
 from fleetserve.models.tokenizer import TextTokenizer
+from fleetserve.replica.deadline import TIMEOUT_HEADER, forwarded_deadline
 from fleetserve.replica.kserve_http import guarded
 from fleetserve.replica.model import ServedModel
 
@@ -56,23 +58,30 @@ class TextService:
         return value
 
     async def embed(
-        self, texts: list[str], priority: int | None, timeout_s: float | None
+        self, texts: list[str], priority: int | None, timeout_s: float | None, deadline: float | None = None
     ) -> tuple[np.ndarray, list[int]]:
         chunks = [texts[i : i + self._chunk] for i in range(0, len(texts), self._chunk)]
         encoded = [self.tokenizer.encode(c) for c in chunks]
-        results = await asyncio.gather(
-            *(
-                self.model.infer(e.as_inputs(), priority=priority, timeout_s=timeout_s, outputs=(self.output,))
-                for e in encoded
-            )
-        )
+        tasks = [
+            asyncio.ensure_future(self.model.infer(e.as_inputs(), priority=priority, timeout_s=timeout_s,
+                                                   outputs=(self.output,), deadline=deadline))
+            for e in encoded
+        ]
+        try:
+            results = await asyncio.gather(*tasks)
+        except BaseException:
+            # One chunk failed (e.g. expired): the others' answers are useless, so leave the queue unrun.
+            for task in tasks:
+                task.cancel()
+            raise
         embeddings = np.concatenate([r[self.output] for r in results])
         truncated = [i for i, flag in enumerate(f for e in encoded for f in e.truncated) if flag]
         if truncated and self._on_truncated is not None:
             self._on_truncated(len(truncated))
         return embeddings, truncated
 
-    async def handle(self, body: dict[str, object]) -> dict[str, object]:
+    async def handle(self, body: dict[str, object], deadline: float | None = None) -> dict[str, object]:
+        """Answer one ``/inference`` body; ``deadline`` (``time.monotonic()`` seconds) bounds its queueing."""
         priority = body.get("priority")
         if priority is not None and (not isinstance(priority, int) or isinstance(priority, bool)):
             raise InvalidInput("'priority' must be an integer")
@@ -82,7 +91,7 @@ class TextService:
         timeout_s = timeout_ms / 1000 if timeout_ms else None
         if "texts" in body:
             texts = self._texts(body["texts"], "texts")
-            emb, truncated = await self.embed(texts, priority, timeout_s)
+            emb, truncated = await self.embed(texts, priority, timeout_s, deadline)
             return {"embeddings": emb.tolist(), "truncated": truncated}
         if "query" in body:
             query = body["query"]
@@ -92,7 +101,7 @@ class TextService:
             top_k = body.get("top_k", len(candidates))
             if not isinstance(top_k, int) or isinstance(top_k, bool) or top_k < 1:
                 raise InvalidInput("'top_k' must be a positive integer")
-            emb, truncated = await self.embed([query, *candidates], priority, timeout_s)
+            emb, truncated = await self.embed([query, *candidates], priority, timeout_s, deadline)
             q, c = emb[0], emb[1:]
             norms = np.linalg.norm(c, axis=1) * max(float(np.linalg.norm(q)), 1e-12)
             scores = (c @ q) / np.maximum(norms, 1e-12)
@@ -108,12 +117,13 @@ class TextService:
 def add_text_route(app: web.Application, service: TextService) -> None:
     @guarded
     async def inference(request: web.Request) -> web.Response:
+        deadline = forwarded_deadline(request.headers.get(TIMEOUT_HEADER))
         try:
             body = json.loads(await request.read())
         except (ValueError, UnicodeDecodeError) as exc:
             raise InvalidInput(f"body is not valid JSON: {exc}") from None
         if not isinstance(body, dict):
             raise InvalidInput("body must be a JSON object")
-        return web.json_response(await service.handle(body))
+        return web.json_response(await service.handle(body, deadline))
 
     app.router.add_post("/inference", inference)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import re
+import time
 import tomllib
 from collections.abc import AsyncIterator
 from pathlib import Path
@@ -107,7 +108,16 @@ async def test_infer_with_raw_or_typed_contents(
     np.testing.assert_array_equal(result["doubled"], [[2, 4, 6]])
     np.testing.assert_array_equal(result["id_sum"], [11])
     (call,) = math_model.calls
-    assert (call.priority, call.timeout_s) == (4, 2.0)
+    assert (call.priority, call.timeout_s, call.deadline) == (4, 2.0, None)
+
+
+async def test_the_calls_deadline_reaches_the_model(
+    stub: pb_grpc.GRPCInferenceServiceStub, math_model: FakeModel
+) -> None:
+    before = time.monotonic()
+    await stub.ModelInfer(math_request(True), timeout=30)
+    (call,) = math_model.calls
+    assert call.deadline is not None and before + 29 < call.deadline <= time.monotonic() + 30
 
 
 async def test_requested_outputs_and_bytes(stub: pb_grpc.GRPCInferenceServiceStub) -> None:

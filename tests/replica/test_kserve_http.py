@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import logging
+import time
 from collections.abc import AsyncIterator
 
 import numpy as np
@@ -13,6 +14,7 @@ from aiohttp.test_utils import TestClient, TestServer
 
 from fleetserve.errors import InvalidInput, Overloaded, RequestExpired
 from fleetserve.replica.codec import HEADER_LENGTH, CodecLimits
+from fleetserve.replica.deadline import TIMEOUT_HEADER
 from fleetserve.replica.kserve_http import add_kserve_routes
 from fleetserve.replica.model import ModelRepository
 from tests.support.fake_models import FakeModel
@@ -123,7 +125,24 @@ async def test_json_inference_passes_options_and_echoes_id(client: TestClient, m
         ],
     }
     (call,) = math_model.calls
-    assert (call.priority, call.timeout_s) == (2, 1.5)
+    assert (call.priority, call.timeout_s, call.deadline) == (2, 1.5, None)
+
+
+async def test_a_forwarded_deadline_reaches_the_model(client: TestClient, math_model: FakeModel) -> None:
+    before = time.monotonic()
+    response = await client.post("/v2/models/math/infer", json=MATH_REQUEST, headers={TIMEOUT_HEADER: "250"})
+    assert response.status == 200
+    (call,) = math_model.calls
+    assert call.deadline is not None and before + 0.25 <= call.deadline <= time.monotonic() + 0.25
+
+
+async def test_a_malformed_forwarded_deadline_is_a_400_naming_the_header(
+    client: TestClient, math_model: FakeModel
+) -> None:
+    response = await client.post("/v2/models/math/infer", json=MATH_REQUEST, headers={TIMEOUT_HEADER: "soon"})
+    assert response.status == 400
+    assert TIMEOUT_HEADER in (await response.json())["error"]
+    assert math_model.calls == []
 
 
 async def test_binary_inference_round_trip(client: TestClient) -> None:

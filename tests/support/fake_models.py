@@ -18,6 +18,7 @@ class InferCall:
     inputs: dict[str, np.ndarray]
     priority: int | None
     timeout_s: float | None
+    deadline: float | None = None
 
 
 @dataclass
@@ -41,9 +42,9 @@ class FakeModel:
 
     async def infer(
         self, inputs: dict[str, np.ndarray], *, priority: int | None, timeout_s: float | None,
-        outputs: Sequence[str] | None = None,
+        outputs: Sequence[str] | None = None, deadline: float | None = None,
     ) -> dict[str, np.ndarray]:
-        self.calls.append(InferCall(inputs, priority, timeout_s))
+        self.calls.append(InferCall(inputs, priority, timeout_s, deadline))
         if self.gate is not None:
             await self.gate.wait()
         if self.error is not None:
