@@ -45,6 +45,8 @@ class ReplicaConfig:
     fixed_seq: int = option(128, "tokens per request with --padding fixed")
     promote_overdue: bool = option(False, "fill spare rows of a longer bucket's batch with overdue shorter requests")
     extra_latency_ms: float = option(0.0, "fault injection: added service time per request (a slow GPU)")
+    batch_latency_ms: float = option(0.0, "fault injection: added engine time per batch, its instance busy meanwhile "
+                                     "(a slower accelerator: capacity about instances x max-batch / this)")
     loop: str = option("auto", "event loop (auto: uvloop if installed)", choices=LOOPS)
 
     def __post_init__(self) -> None:
@@ -56,7 +58,8 @@ class ReplicaConfig:
             raise ValueError(f"instances must be >= 1, got {self.instances}")
         if self.threads < 0:
             raise ValueError(f"threads must be >= 0 (0: automatic), got {self.threads}")
-        if self.max_delay_ms < 0 or self.drain_grace_s < 0 or self.drain_timeout_s <= 0 or self.extra_latency_ms < 0:
+        if self.max_delay_ms < 0 or self.drain_grace_s < 0 or self.drain_timeout_s <= 0 or self.extra_latency_ms < 0 \
+                or self.batch_latency_ms < 0:
             raise ValueError("delays and timeouts must be non-negative (drain timeout positive)")
         if self.max_body_bytes < 1024:
             raise ValueError(f"max_body_bytes must be >= 1024, got {self.max_body_bytes}")

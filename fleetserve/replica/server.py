@@ -5,6 +5,9 @@ ready (``/v2/health/ready``, ``/health`` 200) only once every engine instance ha
 On SIGTERM/SIGINT readiness turns 503 at once; the replica keeps serving for ``drain_grace_s`` so balancers
 and Kubernetes endpoints notice, then closes its listeners, finishes everything queued and in flight, and
 exits 0 within ``drain_timeout_s`` — no accepted request is lost.
+
+A client that disconnects cancels its request: aiohttp cancels the handler (``handler_cancellation``), and the
+batcher takes the request out of its queue unrun.
 """
 
 from __future__ import annotations
@@ -19,12 +22,14 @@ from aiohttp import web
 
 from fleetserve.batching.config import BatcherConfig
 from fleetserve.batching.worker import Batcher
+from fleetserve.engine.base import Engine
 from fleetserve.engine.builder import build
 from fleetserve.engine.onnxruntime import threads_per_instance
 from fleetserve.eventloop import loop_factory
 from fleetserve.models.tokenizer import TextTokenizer
 from fleetserve.replica.codec import CodecLimits
 from fleetserve.replica.config import ReplicaConfig
+from fleetserve.replica.fault import SlowEngine
 from fleetserve.replica.grpc_server import GrpcServerConfig, GrpcServerHandle, start_grpc_server
 from fleetserve.replica.load import LoadMeter, LoadReporter
 from fleetserve.replica.model import ModelRepository
@@ -80,7 +85,9 @@ def _gpu_monitor(device: str, metrics: ReplicaMetrics) -> GpuMonitor | None:
 
 async def start_replica(config: ReplicaConfig) -> Replica:
     built = await asyncio.to_thread(build, config.engine, quiet=True)
-    engine = await asyncio.to_thread(built.load, config.threads or threads_per_instance(config.instances))
+    engine: Engine = await asyncio.to_thread(built.load, config.threads or threads_per_instance(config.instances))
+    if config.batch_latency_ms:
+        engine = SlowEngine(engine, config.batch_latency_ms / 1000)
     name = config.model_name or built.model.name
     metrics = ReplicaMetrics(name)
     metrics.instances.labels(name).set(config.instances)
@@ -118,7 +125,9 @@ async def start_replica(config: ReplicaConfig) -> Replica:
     load = LoadReporter(batcher, meter, gpu.load_metrics if gpu is not None else None)
     app = build_app(repo, batcher, metrics, text=text, limits=limits, max_body_bytes=config.max_body_bytes,
                     load=load)
-    runner = web.AppRunner(app, access_log=None, handle_signals=False, shutdown_timeout=config.drain_timeout_s)
+    # handler_cancellation: a client that hangs up cancels its handler, which takes its work out of the queue.
+    runner = web.AppRunner(app, access_log=None, handle_signals=False, shutdown_timeout=config.drain_timeout_s,
+                           handler_cancellation=True)
     await runner.setup()
     site = web.TCPSite(runner, config.host, config.port, backlog=1024)
     await site.start()
