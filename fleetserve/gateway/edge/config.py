@@ -1,8 +1,9 @@
 """Validated configuration of the gateway's edge guards (the ``edge:`` section of a config file).
 
 Every guard is off unless its section is present, except the input limits, which always apply with
-defaults sized for KServe v2 inference bodies. :meth:`EdgeConfig.from_mapping` turns the parsed YAML
-section into these objects; each dataclass validates itself in ``__post_init__``.
+defaults sized for KServe v2 inference bodies. The adaptive concurrency limit is set by its options
+(flags, environment, top-level file keys), not by the ``edge:`` section. :meth:`EdgeConfig.from_mapping`
+turns the parsed YAML section into these objects; each dataclass validates itself in ``__post_init__``.
 """
 
 from __future__ import annotations
@@ -15,6 +16,7 @@ from typing import Literal
 
 from fleetserve.gateway.edge._mapping import Section
 from fleetserve.gateway.edge.jwtconfig import JwtConfig
+from fleetserve.options import option
 
 IPNetwork = ipaddress.IPv4Network | ipaddress.IPv6Network
 RateKey = Literal["ip", "subject", "tenant"]
@@ -127,6 +129,53 @@ class ShedConfig:
 
 
 @dataclass(frozen=True)
+class AdaptiveConcurrencyConfig:
+    """The adaptive concurrency limit (:mod:`.adaptive`): requests in flight at most, following latency.
+
+    Beyond the limit a request is answered 503 + ``Retry-After`` at once. Defaults are Envoy's
+    ``adaptive_concurrency`` defaults, except the update interval (Envoy has none) and ``min_rtt_interval_s``.
+    """
+
+    enabled: bool = option(False, "limit requests in flight to what the replicas answer without queueing, "
+                           "measured from latency; 503 + Retry-After beyond", flag="--adaptive-concurrency")
+    min_concurrency: int = option(3, "the limit's floor, and the limit while the no-load latency is measured",
+                                  flag="--adaptive-min-concurrency")
+    max_concurrency: int = option(1000, "the limit's ceiling", flag="--adaptive-max-concurrency")
+    update_interval_ms: float = option(100.0, "recompute the limit this often", flag="--adaptive-update-interval-ms")
+    min_rtt_interval_s: float = option(60.0, "re-measure the no-load latency this often, plus up to 15 percent "
+                                       "jitter (0: only at start and when the limit stays at its floor)",
+                                       flag="--adaptive-min-rtt-interval-s")
+    rtt_buffer_percent: float = option(25.0, "latency above the no-load latency tolerated before the limit "
+                                       "shrinks", flag="--adaptive-rtt-buffer-percent")
+    min_rtt_samples: int = 50
+    sample_percentile: float = 50.0
+    jitter_percent: float = 15.0
+    retry_after_s: float = 1.0
+
+    def __post_init__(self) -> None:
+        _positive_int("adaptive min_concurrency", self.min_concurrency)
+        _positive_int("adaptive max_concurrency", self.max_concurrency)
+        if self.max_concurrency < self.min_concurrency:
+            raise ValueError(f"adaptive max_concurrency ({self.max_concurrency}) must be >= min_concurrency "
+                             f"({self.min_concurrency})")
+        _positive("adaptive update_interval_ms", self.update_interval_ms)
+        if not (math.isfinite(self.min_rtt_interval_s) and self.min_rtt_interval_s >= 0):
+            raise ValueError(f"adaptive min_rtt_interval_s must be >= 0, got {self.min_rtt_interval_s}")
+        if not (math.isfinite(self.rtt_buffer_percent) and self.rtt_buffer_percent >= 0):
+            raise ValueError(f"adaptive rtt_buffer_percent must be >= 0, got {self.rtt_buffer_percent}")
+        _positive_int("adaptive min_rtt_samples", self.min_rtt_samples)
+        if not 0 < self.sample_percentile <= 100:
+            raise ValueError(f"adaptive sample_percentile must be in (0, 100], got {self.sample_percentile}")
+        if not 0 <= self.jitter_percent <= 100:
+            raise ValueError(f"adaptive jitter_percent must be in 0..100, got {self.jitter_percent}")
+        _positive("adaptive retry_after_s", self.retry_after_s)
+
+    @property
+    def update_interval_s(self) -> float:
+        return self.update_interval_ms / 1000
+
+
+@dataclass(frozen=True)
 class RateLimitRule:
     """A token bucket of ``rate`` requests per second and depth ``burst`` per client, for paths
     starting with ``prefix``.
@@ -184,6 +233,7 @@ class EdgeConfig:
     rate_limits: tuple[RateLimitRule, ...] = ()
     shedding: ShedConfig | None = None
     limits: InputLimits = field(default_factory=InputLimits)
+    adaptive: AdaptiveConcurrencyConfig = field(default_factory=AdaptiveConcurrencyConfig)
     trusted_proxies: tuple[IPNetwork, ...] = ()
     exempt_paths: tuple[str, ...] = DEFAULT_EXEMPT_PATHS
 
@@ -191,6 +241,8 @@ class EdgeConfig:
         object.__setattr__(self, "rate_limits", tuple(self.rate_limits))
         object.__setattr__(self, "trusted_proxies", tuple(self.trusted_proxies))
         object.__setattr__(self, "exempt_paths", tuple(self.exempt_paths))
+        if not isinstance(self.adaptive, AdaptiveConcurrencyConfig):
+            raise ValueError(f"adaptive must be an AdaptiveConcurrencyConfig, got {self.adaptive!r}")
         for rule in self.rate_limits:
             if not isinstance(rule, RateLimitRule):
                 raise ValueError(f"rate_limits must hold RateLimitRule objects, got {rule!r}")

@@ -1,0 +1,281 @@
+"""The gradient concurrency controller on a fake clock: exact rules step by step, then a small discrete-event
+fleet (latency flat up to a knee of concurrency, then growing with the queue) for growth, shrinking and
+recovery."""
+
+from __future__ import annotations
+
+import heapq
+import random
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+import pytest
+
+from fleetserve.gateway.edge.adaptive import MAX_SAMPLES, GradientController, Token, percentile
+from fleetserve.gateway.edge.config import AdaptiveConcurrencyConfig
+
+
+class FakeClock:
+    def __init__(self) -> None:
+        self.now = 0.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+def controller(clock: FakeClock, seed: int = 1, **overrides: object) -> GradientController:
+    settings: dict[str, object] = {"enabled": True, "min_rtt_interval_s": 60.0, **overrides}
+    return GradientController(AdaptiveConcurrencyConfig(**settings), clock, random.Random(seed))  # type: ignore[arg-type]
+
+
+def finish_min_rtt_window(c: GradientController, clock: FakeClock, latency: float, samples: int = 50) -> None:
+    """Complete the open minRTT window with ``samples`` requests of ``latency``, one at a time."""
+    assert c.measuring_min_rtt
+    for _ in range(samples):
+        token = c.try_acquire()
+        assert token is not None
+        clock.now += latency
+        c.release(token, latency, ok=True)
+    assert not c.measuring_min_rtt
+
+
+def test_percentile_is_nearest_rank() -> None:
+    assert percentile([5.0, 1.0, 3.0, 2.0, 4.0], 50) == 3.0
+    assert percentile([1.0, 2.0, 3.0, 4.0], 50) == 2.0
+    assert percentile([1.0, 2.0, 3.0, 4.0], 100) == 4.0
+    assert percentile([7.0], 1) == 7.0
+
+
+def test_starts_measuring_min_rtt_at_the_floor() -> None:
+    clock = FakeClock()
+    c = controller(clock)
+    assert c.measuring_min_rtt and c.limit == 3 and c.min_rtt is None
+    tokens = [c.try_acquire() for _ in range(4)]
+    assert tokens[3] is None and all(t is not None for t in tokens[:3])
+    assert c.inflight == 3
+
+
+def test_the_window_ends_after_enough_samples_and_takes_their_median() -> None:
+    clock = FakeClock()
+    c = controller(clock, min_rtt_samples=5)
+    for latency in (0.010, 0.030, 0.020, 0.050, 0.040):
+        token = c.try_acquire()
+        assert token is not None
+        c.release(token, latency, ok=True)
+    assert not c.measuring_min_rtt
+    assert c.min_rtt == pytest.approx(0.030)
+
+
+def run_interval(c: GradientController, clock: FakeClock, latency: float, busy: int) -> None:
+    """``busy`` requests at once (as many as the limit admits) of ``latency``, then the next update is due."""
+    tokens = [t for t in (c.try_acquire() for _ in range(busy)) if t is not None]
+    for token in tokens:
+        c.release(token, latency, ok=True)
+    clock.now += 0.1
+    c.try_acquire()  # the due update happens on this call
+    c._inflight -= 1  # that probe request is not part of the workload
+
+
+def test_limit_grows_by_a_quarter_plus_headroom_while_latency_stays_at_min_rtt() -> None:
+    clock = FakeClock()
+    c = controller(clock)
+    finish_min_rtt_window(c, clock, 0.010)
+    limits = [c.limit]
+    for _ in range(4):
+        run_interval(c, clock, 0.010, busy=c.limit)
+        limits.append(c.limit)
+    # gradient = 1.25 (the RTT buffer): 3 -> 3.75 + sqrt(3.75) -> ...
+    assert limits == [3, 5, 8, 13, 20]
+
+
+def test_an_app_limited_limit_does_not_grow() -> None:
+    clock = FakeClock()
+    c = controller(clock, min_concurrency=4)
+    finish_min_rtt_window(c, clock, 0.010)
+    for _ in range(10):
+        run_interval(c, clock, 0.010, busy=1)  # demand keeps in-flight at 1, below half of the limit
+    assert c.limit == 4
+    run_interval(c, clock, 0.010, busy=2)
+    assert c.limit > 4
+
+
+def test_limit_halves_at_most_when_latency_rises() -> None:
+    clock = FakeClock()
+    c = controller(clock)
+    finish_min_rtt_window(c, clock, 0.010)
+    c._limit = 100  # a grown limit, as after a calm period
+    token = c.try_acquire()
+    assert token is not None
+    c.release(token, 0.100, ok=True)  # 10x the min RTT: gradient clamps at 0.5
+    clock.now += 0.1
+    c.try_acquire()
+    assert c.limit == int(50 + 50**0.5)
+    assert c.sample_rtt == pytest.approx(0.100)
+
+
+def test_failures_return_their_slot_without_a_latency_sample() -> None:
+    clock = FakeClock()
+    c = controller(clock, min_rtt_samples=2)
+    for _ in range(5):
+        token = c.try_acquire()
+        assert token is not None
+        c.release(token, 9.0, ok=False)
+    assert c.inflight == 0 and c.measuring_min_rtt  # no sample counted toward the window
+
+
+def test_a_request_started_before_the_window_gives_no_sample() -> None:
+    clock = FakeClock()
+    c = controller(clock, min_rtt_samples=2, min_rtt_interval_s=10.0, jitter_percent=0.0)
+    finish_min_rtt_window(c, clock, 0.010, samples=2)
+    old = c.try_acquire()
+    assert old is not None
+    clock.now += 10.0
+    fresh = c.try_acquire()  # opens the next window, at the floor
+    assert fresh is not None and c.measuring_min_rtt
+    c.release(old, 5.0, ok=True)  # queued behind the old load: not a no-load latency
+    c.release(fresh, 0.020, ok=True)
+    assert c.measuring_min_rtt
+    last = c.try_acquire()
+    assert last is not None
+    c.release(last, 0.020, ok=True)
+    assert c.min_rtt == pytest.approx(0.020)
+
+
+def test_release_twice_is_a_bug() -> None:
+    clock = FakeClock()
+    c = controller(clock)
+    token = c.try_acquire()
+    assert token is not None
+    c.release(token, 0.01, ok=True)
+    with pytest.raises(RuntimeError, match="twice"):
+        c.release(token, 0.01, ok=True)
+
+
+def test_a_lower_sample_rtt_lowers_the_min_rtt() -> None:
+    clock = FakeClock()
+    c = controller(clock)
+    finish_min_rtt_window(c, clock, 0.050)
+    token = c.try_acquire()
+    assert token is not None
+    c.release(token, 0.020, ok=True)
+    clock.now += 0.1
+    c.try_acquire()
+    assert c.min_rtt == pytest.approx(0.020)
+
+
+def test_samples_per_interval_are_bounded() -> None:
+    clock = FakeClock()
+    c = controller(clock, min_rtt_samples=1)
+    finish_min_rtt_window(c, clock, 0.010, samples=1)
+    c._limit = 10
+    for _ in range(MAX_SAMPLES + 100):
+        token = c.try_acquire()
+        assert token is not None
+        c.release(token, 0.010, ok=True)
+    assert len(c._samples) == MAX_SAMPLES
+
+
+@pytest.mark.parametrize("jitter", [0.0, 15.0])
+def test_min_rtt_windows_recur_with_jitter(jitter: float) -> None:
+    opened = []
+    for seed in (1, 2):
+        clock = FakeClock()
+        c = controller(clock, seed=seed, min_rtt_samples=2, min_rtt_interval_s=10.0, jitter_percent=jitter)
+        finish_min_rtt_window(c, clock, 0.010, samples=2)
+        start = clock.now
+        while True:
+            clock.now += 0.01
+            token = c.try_acquire()
+            assert token is not None
+            if c.measuring_min_rtt:
+                break
+            c.release(token, 0.010, ok=True)
+        opened.append(clock.now - start)
+        assert c.limit == 3
+    for delay in opened:
+        assert 10.0 <= delay < 10.0 * (1 + jitter / 100) + 0.02
+    if jitter:
+        assert abs(opened[0] - opened[1]) > 0.02  # two gateways do not measure in lockstep
+    else:
+        assert opened[0] == pytest.approx(opened[1])
+
+
+@dataclass
+class Fleet:
+    """Open-loop arrivals into the controller; admitted requests take ``latency(inflight)`` seconds."""
+
+    c: GradientController
+    clock: FakeClock
+    latency: Callable[[int], float]
+    done: list[tuple[float, int, Token, float]] = field(default_factory=list)
+    admitted: list[tuple[float, float]] = field(default_factory=list)  # (finish time, latency)
+    refused: list[float] = field(default_factory=list)
+    _n: int = 0
+
+    def run(self, rate: float, seconds: float) -> None:
+        end = self.clock.now + seconds
+        next_arrival = self.clock.now
+        while next_arrival < end:
+            while self.done and self.done[0][0] <= next_arrival:
+                finish, _, token, latency = heapq.heappop(self.done)
+                self.clock.now = finish
+                self.c.release(token, latency, ok=True)
+                self.admitted.append((finish, latency))
+            self.clock.now = next_arrival
+            token = self.c.try_acquire()
+            if token is None:
+                self.refused.append(self.clock.now)
+            else:
+                latency = self.latency(self.c.inflight)
+                self._n += 1
+                heapq.heappush(self.done, (self.clock.now + latency, self._n, token, latency))
+            next_arrival += 1 / rate
+        self.clock.now = end
+
+    def refused_between(self, start: float, end: float) -> int:
+        return sum(start <= t < end for t in self.refused)
+
+    def latencies_between(self, start: float, end: float) -> list[float]:
+        return [latency for finish, latency in self.admitted if start <= finish < end]
+
+
+def knee(base: float, at: int) -> Callable[[int], float]:
+    """Latency ``base`` up to ``at`` requests in flight, growing in proportion beyond (a queue forms)."""
+    return lambda inflight: base * max(1.0, inflight / at)
+
+
+def test_under_overload_the_limit_settles_near_the_knee_and_admitted_latency_stays_low() -> None:
+    clock = FakeClock()
+    c = controller(clock)
+    fleet = Fleet(c, clock, knee(0.020, 10))  # capacity: 10 / 0.020 = 500 requests/s
+    fleet.run(rate=1500, seconds=10)
+    assert 5 <= c.limit <= 30
+    assert percentile(fleet.latencies_between(5, 10), 99) <= 3 * 0.020
+    # Goodput: what the controller admits is close to what the fleet can do.
+    assert len(fleet.latencies_between(5, 10)) / 5 >= 0.8 * 500
+
+
+def test_the_limit_grows_back_when_load_falls_and_nothing_is_refused() -> None:
+    clock = FakeClock()
+    c = controller(clock)
+    fleet = Fleet(c, clock, knee(0.020, 10))
+    fleet.run(rate=1500, seconds=5)
+    fleet.run(rate=250, seconds=5)
+    assert fleet.refused_between(6, 10) == 0
+    assert percentile(fleet.latencies_between(6, 10), 99) <= 1.5 * 0.020
+
+
+def test_the_limit_never_falls_below_its_floor_and_a_stale_min_rtt_is_measured_again() -> None:
+    clock = FakeClock()
+    c = controller(clock, min_concurrency=4)
+    fleet = Fleet(c, clock, knee(0.010, 50))
+    fleet.run(rate=200, seconds=2)
+    assert c.min_rtt == pytest.approx(0.010)
+    fleet.latency = lambda inflight: 0.200  # the fleet got 20x slower
+    limits = []
+    for _ in range(80):
+        fleet.run(rate=200, seconds=0.1)
+        limits.append(c.limit)
+    assert min(limits) == 4
+    # Pinned at the floor for 5 updates: a new window measured the slower latency as the new normal.
+    assert c.min_rtt == pytest.approx(0.200)
