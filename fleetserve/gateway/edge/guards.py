@@ -4,7 +4,8 @@ app, the gRPC listener (:mod:`.grpc`), the forwarding core and the listeners.
 :meth:`EdgeGuards.create` builds the middleware list (:func:`~fleetserve.gateway.edge.build_middlewares`),
 the rejection counter ``fleetserve_gateway_rejected_total{reason}``, and the gauge
 ``fleetserve_gateway_ratelimit_entries{prefix,key}`` (rate-limit buckets held per rule, read at scrape time,
-so a flood of client addresses shows as a table at its cap).
+so a flood of client addresses shows as a table at its cap), and the adaptive concurrency limit's
+gauges when it is on.
 """
 
 from __future__ import annotations
@@ -25,6 +26,7 @@ from fleetserve.gateway.edge import (
     RejectionObserver,
     build_middlewares,
 )
+from fleetserve.gateway.edge.adaptive_guard import AdaptiveConcurrencyGauges, AdaptiveConcurrencyMiddleware
 from fleetserve.gateway.edge.grpc import GrpcGuards
 from fleetserve.gateway.edge.ratelimit import RateLimiter, RateLimitMiddleware
 from fleetserve.wire import retry_after
@@ -73,6 +75,8 @@ class EdgeGuards:
         for middleware in middlewares:
             if isinstance(middleware, RateLimitMiddleware):
                 registry.register(RateLimitEntries(middleware.limiter))
+            elif isinstance(middleware, AdaptiveConcurrencyMiddleware):
+                registry.register(AdaptiveConcurrencyGauges(middleware.controller))
         shedding = edge.shedding
         return cls(
             middlewares=tuple(middlewares),

@@ -20,6 +20,7 @@ REASONS = (
     "json_too_many_elements",
     "max_connections",
     "overloaded",
+    "concurrency_limited",
     "missing_token",
     "invalid_token",
     "insufficient_scope",

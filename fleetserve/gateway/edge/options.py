@@ -3,8 +3,9 @@
 The ``edge:`` section (top level of the ``--config`` YAML file; see :class:`EdgeConfig` for its keys) is
 the base; the flags add to it: ``--jwt-key`` keys, ``--jwt-issuer``/``--jwt-audience`` values,
 ``--rate-limit`` a per-client-IP rule and ``--trusted-proxy`` networks, while ``--max-inflight`` and
-``--replica-max-inflight`` override the shedding caps. The body limit is the gateway's
-``max_body_bytes`` alone (``--max-body-bytes``), so ``edge.limits.max_body_bytes`` is refused.
+``--replica-max-inflight`` override the shedding caps. The adaptive concurrency limit
+(``--adaptive-concurrency`` and its ``--adaptive-*`` options) is set by options alone. The body limit is the
+gateway's ``max_body_bytes`` alone (``--max-body-bytes``), so ``edge.limits.max_body_bytes`` is refused.
 
 A ``--jwt-key`` file is a JWK Set when it holds a JSON object, else PEM. Without ``--jwt-algorithm`` a
 key allows what its type can verify (RSA: RS*/PS*, EC: the ES* of its curve, Ed25519/Ed448: EdDSA; a
@@ -20,9 +21,9 @@ from pathlib import Path
 from typing import Any
 
 from fleetserve.gateway.edge import EdgeConfig, JwtConfig, KeySpec, RateLimitRule, ShedConfig
-from fleetserve.gateway.edge.config import parse_networks
+from fleetserve.gateway.edge.config import AdaptiveConcurrencyConfig, parse_networks
 from fleetserve.gateway.edge.jwtconfig import ASYMMETRIC_ALGORITHMS, KeySource
-from fleetserve.options import option
+from fleetserve.options import option, section
 
 
 def rate_limit(text: str) -> RateLimitRule:
@@ -72,6 +73,7 @@ class EdgeOptions:
     replica_max_inflight: int | None = option(None, "requests in flight per replica at most; a full replica is "
                                               "skipped, 503 when all are full", metavar="N", default_text="no cap")
     edge: dict[str, Any] | None = option(None, "the guards' full settings (see EdgeConfig)", file_only=True)
+    adaptive: AdaptiveConcurrencyConfig = section(AdaptiveConcurrencyConfig, "adaptive concurrency limit")
 
     def build(self) -> EdgeConfig:
         """The edge config: the file's ``edge:`` section, then the flags (ValueError naming the problem)."""
@@ -82,7 +84,7 @@ class EdgeOptions:
             raise ValueError(f"--trusted-proxy: {exc}") from None
         rules = base.rate_limits if self.rate_limit is None else (*base.rate_limits, self.rate_limit)
         return replace(base, jwt=self._jwt(base.jwt), rate_limits=rules, shedding=self._shedding(base),
-                       trusted_proxies=base.trusted_proxies + proxies)
+                       trusted_proxies=base.trusted_proxies + proxies, adaptive=self.adaptive)
 
     def _jwt(self, base: JwtConfig | None) -> JwtConfig | None:
         algorithms = self.jwt_algorithm

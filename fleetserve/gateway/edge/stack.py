@@ -9,9 +9,12 @@ through, so cheap refusals come first and the expensive body read last):
 3. ``shedding`` — refuse beyond the in-flight cap before spending work on auth;
 4. ``auth`` — verify the bearer token, check route scopes, record the identity;
 5. ``rate_limit`` — per client (IP, or the identity auth just recorded);
-6. ``body_limits`` — read and bound the body, only for requests everyone else admitted.
+6. ``body_limits`` — read and bound the body, only for requests everyone else admitted;
+7. ``adaptive_concurrency`` — the latency-driven in-flight limit, innermost so that the latency it learns
+   from is the fleet's, not a client's upload or a guard's work (an excess request is still refused before
+   it reaches the proxy).
 
-A layer's builder returns ``None`` when its section is absent (``head_limits`` and ``body_limits``
+A layer's builder returns ``None`` when its section is absent or off (``head_limits`` and ``body_limits``
 never do). The auth layer imports PyJWT and cryptography only when configured.
 """
 
@@ -24,6 +27,8 @@ from typing import TYPE_CHECKING
 
 from aiohttp.typedefs import Middleware
 
+from fleetserve.gateway.edge.adaptive import GradientController
+from fleetserve.gateway.edge.adaptive_guard import AdaptiveConcurrencyMiddleware
 from fleetserve.gateway.edge.config import EdgeConfig
 from fleetserve.gateway.edge.identity import StripIdentityHeaders
 from fleetserve.gateway.edge.limits import BodyLimits, HeadLimits
@@ -86,6 +91,14 @@ def _body_limits(ctx: BuildContext) -> Middleware | None:
     return BodyLimits(ctx.config.limits, ctx.observer)
 
 
+def _adaptive_concurrency(ctx: BuildContext) -> Middleware | None:
+    c = ctx.config
+    if not c.adaptive.enabled:
+        return None
+    controller = GradientController(c.adaptive, ctx.clock)
+    return AdaptiveConcurrencyMiddleware(controller, c.adaptive.retry_after_s, c.exempt_paths, ctx.observer)
+
+
 LAYERS: tuple[tuple[str, Callable[[BuildContext], Middleware | None]], ...] = (
     ("head_limits", _head_limits),
     ("identity", _identity),
@@ -93,6 +106,7 @@ LAYERS: tuple[tuple[str, Callable[[BuildContext], Middleware | None]], ...] = (
     ("auth", _auth),
     ("rate_limit", _rate_limit),
     ("body_limits", _body_limits),
+    ("adaptive_concurrency", _adaptive_concurrency),
 )
 
 

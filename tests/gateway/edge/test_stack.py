@@ -3,13 +3,15 @@ with rejections counted in Prometheus."""
 
 from __future__ import annotations
 
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
 from prometheus_client import CollectorRegistry
 
+from fleetserve.gateway.edge.adaptive_guard import AdaptiveConcurrencyMiddleware
 from fleetserve.gateway.edge.auth import JwtAuthMiddleware
-from fleetserve.gateway.edge.config import EdgeConfig
+from fleetserve.gateway.edge.config import AdaptiveConcurrencyConfig, EdgeConfig
 from fleetserve.gateway.edge.identity import StripIdentityHeaders
 from fleetserve.gateway.edge.limits import BodyLimits, HeadLimits, app_kwargs, server_kwargs
 from fleetserve.gateway.edge.metrics import REASONS, PrometheusRejections
@@ -41,14 +43,16 @@ def test_only_input_limits_are_on_by_default() -> None:
     middlewares = build_middlewares(EdgeConfig())
     assert [type(m) for m in middlewares] == [HeadLimits, BodyLimits]
     assert [name for name, _ in LAYERS] == [
-        "head_limits", "identity", "shedding", "auth", "rate_limit", "body_limits",
+        "head_limits", "identity", "shedding", "auth", "rate_limit", "body_limits", "adaptive_concurrency",
     ]  # fmt: skip
 
 
 def test_full_config_builds_every_guard_in_order(tmp_path: Path, signing_keys: dict[str, SigningKey]) -> None:
-    middlewares = build_middlewares(_full(tmp_path, signing_keys))
+    config = replace(_full(tmp_path, signing_keys), adaptive=AdaptiveConcurrencyConfig(enabled=True))
+    middlewares = build_middlewares(config)
     assert [type(m) for m in middlewares] == [
         HeadLimits, StripIdentityHeaders, LoadShedMiddleware, JwtAuthMiddleware, RateLimitMiddleware, BodyLimits,
+        AdaptiveConcurrencyMiddleware,
     ]  # fmt: skip
 
 

@@ -1,0 +1,72 @@
+"""The adaptive concurrency guard: admits requests while the :class:`GradientController` has a slot, answers
+the rest 503 + ``Retry-After`` at once, and feeds each admitted request's latency back to the controller.
+
+A request counts as a latency sample when it is answered below 500; a 5xx or a client that went away returns
+its slot without one (their latency says nothing about queueing). The controller's state is exported at scrape
+time: ``fleetserve_gateway_concurrency_limit``, ``fleetserve_gateway_concurrency_inflight`` and
+``fleetserve_gateway_min_rtt_seconds``; refusals count in ``fleetserve_gateway_rejected_total`` with reason
+``concurrency_limited``. It guards the HTTP listener; the gRPC listener's guards (:mod:`.grpc`) do not
+include it yet.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator, Sequence
+
+from aiohttp import web
+from aiohttp.typedefs import Handler
+from prometheus_client.core import GaugeMetricFamily
+from prometheus_client.registry import Collector
+
+from fleetserve.gateway.edge.adaptive import GradientController
+from fleetserve.gateway.edge.metrics import NullObserver, RejectionObserver
+from fleetserve.gateway.edge.rejection import Rejection
+from fleetserve.wire import RETRY_AFTER, retry_after
+
+
+class AdaptiveConcurrencyMiddleware:
+    """Holds one controller slot per request in progress; see the module docstring."""
+
+    __middleware_version__ = 1
+
+    def __init__(self, controller: GradientController, retry_after_s: float, exempt_paths: Sequence[str] = (),
+                 observer: RejectionObserver | None = None) -> None:
+        self.controller = controller
+        self._exempt = frozenset(exempt_paths)
+        self._observer = observer or NullObserver()
+        self._retry_after = {RETRY_AFTER: retry_after(retry_after_s)}
+
+    async def __call__(self, request: web.Request, handler: Handler) -> web.StreamResponse:
+        if request.path in self._exempt:
+            return await handler(request)
+        controller = self.controller
+        token = controller.try_acquire()
+        if token is None:
+            self._observer.rejected("concurrency_limited")
+            return Rejection(503, "concurrency_limited", f"gateway overloaded: {controller.inflight} requests in "
+                             "flight, at its adaptive concurrency limit", self._retry_after).response()
+        ok = False
+        try:
+            response = await handler(request)
+            ok = response.status < 500
+            return response
+        finally:
+            controller.release(token, controller.now() - token.started_at, ok)
+
+
+class AdaptiveConcurrencyGauges(Collector):
+    """The controller's limit, in-flight count and minRTT, read when scraped (no work on the request path)."""
+
+    def __init__(self, controller: GradientController) -> None:
+        self._controller = controller
+
+    def collect(self) -> Iterator[GaugeMetricFamily]:
+        c = self._controller
+        yield GaugeMetricFamily("fleetserve_gateway_concurrency_limit",
+                                "Adaptive concurrency limit: requests admitted in flight at most", value=c.limit)
+        yield GaugeMetricFamily("fleetserve_gateway_concurrency_inflight",
+                                "Requests holding an adaptive concurrency slot", value=c.inflight)
+        if c.min_rtt is not None:
+            yield GaugeMetricFamily("fleetserve_gateway_min_rtt_seconds",
+                                    "Latency without queueing, as the adaptive concurrency limit last measured it",
+                                    value=c.min_rtt)
