@@ -7,29 +7,35 @@ clock and a seeded RNG.
 
 The algorithm is Envoy's ``adaptive_concurrency`` gradient controller (envoyproxy/envoy,
 ``source/extensions/filters/http/adaptive_concurrency/controller/gradient_controller.cc``; the filter's
-architecture docs):
+architecture docs), with two changes taken from Netflix's concurrency-limits (Netflix/concurrency-limits,
+``limit/GradientLimit.java``, ``limit/Gradient2Limit.java``):
 
-- **minRTT**, the latency without queueing, is measured in a *window* during which the limit drops to
-  ``min_concurrency``: the window ends once ``min_rtt_samples`` requests that started inside it have
-  finished, and minRTT is their ``sample_percentile``. A window opens at start, every
-  ``min_rtt_interval_s`` plus up to ``jitter_percent`` (so that gateways do not measure in lockstep), and
-  whenever the limit has sat at ``min_concurrency`` for 5 updates in a row (the minRTT is probably stale:
-  the fleet got slower).
+- **minRTT** is the latency without queueing. As in Envoy it is first measured in a *window* during which
+  the limit is ``min_concurrency``; the window ends once ``min_rtt_samples`` requests that started inside it
+  have finished, and minRTT is their ``sample_percentile``. Envoy then forces such a window again every
+  interval, which refuses every request beyond ``min_concurrency`` while it lasts, also at moderate load.
+  Here minRTT keeps following the latest ``min_rtt_samples`` requests that were admitted with fewer than
+  ``min_concurrency`` others in flight — the condition Envoy's window creates, taken whenever it happens by
+  itself (GradientLimit, likewise, keeps tracking the RTT it sees at no load): downwards at once, upwards
+  only once the limit has sat within twice its floor for ``LOW_LIMIT_UPDATES`` updates (Envoy re-measures
+  after 5 updates at the floor), because under overload such requests arrive right behind a batch the
+  replicas just started. A fleet that got slower pushes the limit down to there, and its new minRTT is taken.
+  Envoy's forced windows, with up to ``jitter_percent`` random delay so that gateways do not measure in
+  lockstep, are kept as an option (``min_rtt_interval_s`` > 0).
 - Every ``update_interval_s`` outside a window, the latencies of the requests finished since the last update
   give **sampleRTT** (their ``sample_percentile``), and the limit becomes
   ``limit * gradient + sqrt(limit * gradient)`` with
   ``gradient = clamp(minRTT * (1 + rtt_buffer_percent / 100) / sampleRTT, 0.5, 2)``, kept within
-  ``[min_concurrency, max_concurrency]``: it halves at most while latency rises, doubles at most while it
-  falls, and the square root is headroom for bursts.
-  With sampleRTT at minRTT the limit grows by a quarter plus the headroom per update.
-- From Netflix's concurrency-limits (Netflix/concurrency-limits, ``limit/GradientLimit.java`` tracks the
-  minimum RTT it observes; ``limit/Gradient2Limit.java`` does not grow an "app-limited" limit): an update
-  whose sampleRTT is below minRTT lowers minRTT to it, so a minRTT measured too high (a cold start, a fleet
-  that got faster) corrects itself without a window; and the limit does not grow while the interval's peak
-  in-flight count stayed below half of it, so a quiet period does not leave a limit so high that the next
-  burst queues for several updates before the limit comes down.
+  ``[min_concurrency, max_concurrency]``: it halves at most per update while latency rises, grows by a
+  quarter plus the square-root headroom while latency stays at minRTT, and settles where the headroom
+  balances the gradient, a limit of ``g / (1 - g)^2`` for a steady gradient ``g`` below 1.
+- The limit does not grow while demand, not the fleet, keeps in-flight low: when the highest in-flight count
+  of the last ``APP_LIMITED_UPDATES`` updates stayed below half the limit (Gradient2Limit's "app-limited"
+  rule, over a window so a quiet second between two bursts does not count as no demand). Otherwise a calm
+  hour lifts the limit to ``max_concurrency`` and the next burst queues at the replicas for the several
+  updates the limit needs to halve its way down.
 
-Requests that fail (``ok=False``: 5xx, disconnects) release their slot without a latency sample, and samples
+Requests that fail (``ok=False``: 5xx, disconnects) return their slot without a latency sample, and samples
 of requests started before the current window are discarded, as in Envoy.
 """
 
@@ -38,16 +44,19 @@ from __future__ import annotations
 import math
 import random
 import time
+from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass
 
 from fleetserve.gateway.edge.config import AdaptiveConcurrencyConfig
 
-# Updates in a row at the floor after which the minRTT is re-measured (Envoy's constant).
-_FLOOR_UPDATES_BEFORE_REMEASURE = 5
-# Latency samples kept per update interval (or minRTT window) at most; later ones are dropped until the next
-# update, which bounds memory and the cost of taking a percentile at any request rate.
+# Latency samples kept per update interval at most; later ones are dropped until the next update, which bounds
+# memory and the cost of taking a percentile at any request rate.
 MAX_SAMPLES = 4096
+# Updates over which the peak in-flight count is taken for the app-limited rule (one second at the default).
+APP_LIMITED_UPDATES = 10
+# Updates in a row with the limit near its floor after which minRTT may rise (Envoy's "5 at the floor").
+LOW_LIMIT_UPDATES = 5
 
 
 @dataclass(eq=False)
@@ -56,11 +65,12 @@ class Token:
 
     started_at: float
     epoch: int
+    low_load: bool  # admitted with fewer than min_concurrency others in flight: its latency estimates minRTT
     released: bool = False
 
 
-def percentile(samples: list[float], pct: float) -> float:
-    """Nearest-rank ``pct`` percentile of a non-empty list."""
+def percentile(samples: list[float] | deque[float], pct: float) -> float:
+    """Nearest-rank ``pct`` percentile of a non-empty sequence."""
     ordered = sorted(samples)
     return ordered[min(len(ordered) - 1, max(0, math.ceil(pct / 100 * len(ordered)) - 1))]
 
@@ -75,18 +85,18 @@ class GradientController:
         self._rng = rng or random.Random()
         self._limit = config.min_concurrency
         self._inflight = 0
-        self._peak_inflight = 0  # since the last update
         self._samples: list[float] = []
+        self._low_load: deque[float] = deque(maxlen=config.min_rtt_samples)
+        self._peaks: deque[int] = deque([0], maxlen=APP_LIMITED_UPDATES)
         self._epoch = 0
         self._measuring = False
         self._deferred_limit = config.min_concurrency
-        self._at_floor = 0
         self._min_rtt: float | None = None
+        self._low_limit_updates = 0
         self._sample_rtt: float | None = None
-        now = clock()
-        self._next_update = now + config.update_interval_s
-        self._next_min_rtt = math.inf
-        self._enter_min_rtt_window()
+        self._next_update = clock() + config.update_interval_s
+        self._next_window = math.inf
+        self._enter_window()
 
     def now(self) -> float:
         """The controller's clock, for measuring a request's latency from ``Token.started_at``."""
@@ -120,9 +130,11 @@ class GradientController:
         self._advance(now)
         if self._inflight >= self._limit:
             return None
+        token = Token(now, self._epoch, self._inflight < self._config.min_concurrency)
         self._inflight += 1
-        self._peak_inflight = max(self._peak_inflight, self._inflight)
-        return Token(now, self._epoch)
+        if self._inflight > self._peaks[-1]:
+            self._peaks[-1] = self._inflight
+        return token
 
     def release(self, token: Token, latency_s: float, ok: bool) -> None:
         """Return ``token``'s slot; ``latency_s`` counts only when ``ok`` and the token is of this epoch."""
@@ -130,66 +142,70 @@ class GradientController:
             raise RuntimeError("token released twice")
         token.released = True
         self._inflight -= 1
-        if ok and token.epoch == self._epoch and len(self._samples) < MAX_SAMPLES:
-            self._samples.append(latency_s)
+        if ok and token.epoch == self._epoch:
+            if len(self._samples) < MAX_SAMPLES:
+                self._samples.append(latency_s)
+            if token.low_load:
+                self._low_load.append(latency_s)
         now = self._clock()
-        if self._measuring and len(self._samples) >= self._config.min_rtt_samples:
-            self._finish_min_rtt_window(now)
+        if self._measuring and len(self._low_load) >= self._config.min_rtt_samples:
+            self._finish_window(now)
         self._advance(now)
 
     def _advance(self, now: float) -> None:
         if self._measuring:
             return
-        if now >= self._next_min_rtt:
-            self._enter_min_rtt_window()
-            return
-        if now >= self._next_update:
+        if now >= self._next_window:
+            self._enter_window()
+        elif now >= self._next_update:
             self._next_update = now + self._config.update_interval_s
             self._update_limit()
+            self._peaks.append(self._inflight)
 
-    def _enter_min_rtt_window(self) -> None:
+    def _enter_window(self) -> None:
         self._measuring = True
         self._deferred_limit = self._limit
-        self._set_limit(self._config.min_concurrency)
+        self._limit = self._config.min_concurrency
         self._samples.clear()
+        self._low_load.clear()
         self._epoch += 1
 
-    def _finish_min_rtt_window(self, now: float) -> None:
-        self._min_rtt = percentile(self._samples, self._config.sample_percentile)
+    def _finish_window(self, now: float) -> None:
+        self._min_rtt = percentile(self._low_load, self._config.sample_percentile)
         self._samples.clear()
-        self._set_limit(self._deferred_limit)
+        self._limit = self._deferred_limit
         self._measuring = False
-        self._peak_inflight = self._inflight
+        self._peaks.append(self._inflight)
         self._next_update = now + self._config.update_interval_s
         interval = self._config.min_rtt_interval_s
         if interval > 0:
-            self._next_min_rtt = now + interval + self._rng.uniform(0, interval * self._config.jitter_percent / 100)
-        else:
-            self._next_min_rtt = math.inf
+            self._next_window = now + interval + self._rng.uniform(0, interval * self._config.jitter_percent / 100)
 
     def _update_limit(self) -> None:
-        if not self._samples or self._min_rtt is None:
+        if not self._samples:
             return
         sample = percentile(self._samples, self._config.sample_percentile)
         self._samples.clear()
         self._sample_rtt = sample
-        self._min_rtt = min(self._min_rtt, sample)
+        self._follow_min_rtt()
         buffered = self._min_rtt * (1 + self._config.rtt_buffer_percent / 100)
         gradient = min(2.0, max(0.5, buffered / sample)) if sample > 0 else 2.0
         limit = self._limit * gradient
-        new = int(limit + math.sqrt(limit))
-        peak, self._peak_inflight = self._peak_inflight, self._inflight
-        if new > self._limit and 2 * peak < self._limit:
+        new = min(self._config.max_concurrency, max(self._config.min_concurrency, int(limit + math.sqrt(limit))))
+        if new > self._limit and 2 * max(self._peaks) < self._limit:
             return  # app-limited: demand, not the fleet, kept in-flight low
-        self._set_limit(min(self._config.max_concurrency, max(self._config.min_concurrency, new)))
-
-    def _set_limit(self, new: int) -> None:
-        floor = self._config.min_concurrency
-        if not self._measuring and self._limit == floor and new == floor:
-            self._at_floor += 1
-        else:
-            self._at_floor = 0
         self._limit = new
-        if self._at_floor >= _FLOOR_UPDATES_BEFORE_REMEASURE:
-            self._at_floor = 0
-            self._next_min_rtt = self._clock()
+
+    def _follow_min_rtt(self) -> None:
+        """minRTT falls to the low-load requests' latency at once; it rises to it only after the limit sat near
+        its floor for ``LOW_LIMIT_UPDATES`` updates, when so few requests in flight cannot explain the latency by
+        queueing. (Under overload, low-load moments come right after a batch of answers, behind the replicas'
+        next batch: their latency drifts up without the fleet getting slower.)"""
+        assert self._min_rtt is not None
+        low_load = percentile(self._low_load, self._config.sample_percentile)
+        if self._limit <= 2 * self._config.min_concurrency:
+            self._low_limit_updates += 1
+        else:
+            self._low_limit_updates = 0
+        if low_load < self._min_rtt or self._low_limit_updates >= LOW_LIMIT_UPDATES:
+            self._min_rtt = low_load

@@ -133,18 +133,19 @@ class AdaptiveConcurrencyConfig:
     """The adaptive concurrency limit (:mod:`.adaptive`): requests in flight at most, following latency.
 
     Beyond the limit a request is answered 503 + ``Retry-After`` at once. Defaults are Envoy's
-    ``adaptive_concurrency`` defaults, except the update interval (Envoy has none) and ``min_rtt_interval_s``.
+    ``adaptive_concurrency`` defaults, except the update interval (Envoy requires one) and ``min_rtt_interval_s``
+    (Envoy requires one; here forced windows are off by default, see :mod:`.adaptive`).
     """
 
     enabled: bool = option(False, "limit requests in flight to what the replicas answer without queueing, "
                            "measured from latency; 503 + Retry-After beyond", flag="--adaptive-concurrency")
-    min_concurrency: int = option(3, "the limit's floor, and the limit while the no-load latency is measured",
+    min_concurrency: int = option(3, "the limit's floor and its value while the no-load latency is first measured",
                                   flag="--adaptive-min-concurrency")
     max_concurrency: int = option(1000, "the limit's ceiling", flag="--adaptive-max-concurrency")
     update_interval_ms: float = option(100.0, "recompute the limit this often", flag="--adaptive-update-interval-ms")
-    min_rtt_interval_s: float = option(60.0, "re-measure the no-load latency this often, plus up to 15 percent "
-                                       "jitter (0: only at start and when the limit stays at its floor)",
-                                       flag="--adaptive-min-rtt-interval-s")
+    min_rtt_interval_s: float = option(0.0, "also re-measure the no-load latency this often, plus up to 15 percent "
+                                       "jitter, refusing beyond the floor meanwhile, as Envoy does (0: it follows "
+                                       "requests admitted at low load instead)", flag="--adaptive-min-rtt-interval-s")
     rtt_buffer_percent: float = option(25.0, "latency above the no-load latency tolerated before the limit "
                                        "shrinks", flag="--adaptive-rtt-buffer-percent")
     min_rtt_samples: int = 50

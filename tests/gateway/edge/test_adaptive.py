@@ -151,16 +151,43 @@ def test_release_twice_is_a_bug() -> None:
         c.release(token, 0.01, ok=True)
 
 
-def test_a_lower_sample_rtt_lowers_the_min_rtt() -> None:
+def test_min_rtt_follows_requests_admitted_at_low_load_only() -> None:
     clock = FakeClock()
-    c = controller(clock)
+    c = controller(clock, min_concurrency=2)
     finish_min_rtt_window(c, clock, 0.050)
-    token = c.try_acquire()
-    assert token is not None
-    c.release(token, 0.020, ok=True)
+    c._limit = 100
+    for _ in range(3):  # requests admitted beside many others: queueing, not the no-load latency
+        crowd = [c.try_acquire() for _ in range(10)]
+        for token in crowd:
+            assert token is not None
+            c.release(token, 0.500, ok=True)
+        clock.now += 0.1
+    assert c.min_rtt == pytest.approx(0.050)
+    for _ in range(3):  # slower alone while the limit is high: behind a batch, not a slower fleet
+        for _ in range(50):
+            token = c.try_acquire()
+            assert token is not None and token.low_load
+            c.release(token, 0.080, ok=True)
+        clock.now += 0.1
+        c.try_acquire()
+        c._inflight -= 1
+    assert c.min_rtt == pytest.approx(0.050) and c.limit > 2 * 2
+    for _ in range(50):  # alone: the fleet now answers in 20 ms without queueing
+        token = c.try_acquire()
+        assert token is not None and token.low_load
+        c.release(token, 0.020, ok=True)
     clock.now += 0.1
     c.try_acquire()
     assert c.min_rtt == pytest.approx(0.020)
+
+
+def test_no_forced_window_by_default() -> None:
+    clock = FakeClock()
+    c = GradientController(AdaptiveConcurrencyConfig(enabled=True), clock, random.Random(1))
+    finish_min_rtt_window(c, clock, 0.010)
+    for _ in range(2000):  # 200 s of steady traffic
+        run_interval(c, clock, 0.010, busy=c.limit)
+        assert not c.measuring_min_rtt
 
 
 def test_samples_per_interval_are_bounded() -> None:
@@ -265,7 +292,7 @@ def test_the_limit_grows_back_when_load_falls_and_nothing_is_refused() -> None:
     assert percentile(fleet.latencies_between(6, 10), 99) <= 1.5 * 0.020
 
 
-def test_the_limit_never_falls_below_its_floor_and_a_stale_min_rtt_is_measured_again() -> None:
+def test_the_limit_never_falls_below_its_floor_and_requests_at_the_floor_carry_the_new_min_rtt() -> None:
     clock = FakeClock()
     c = controller(clock, min_concurrency=4)
     fleet = Fleet(c, clock, knee(0.010, 50))
@@ -277,5 +304,7 @@ def test_the_limit_never_falls_below_its_floor_and_a_stale_min_rtt_is_measured_a
         fleet.run(rate=200, seconds=0.1)
         limits.append(c.limit)
     assert min(limits) == 4
-    # Pinned at the floor for 5 updates: a new window measured the slower latency as the new normal.
+    # At the floor every request is admitted at low load: their latency became the new normal, and the limit
+    # grew back to serve the offered load (40 in flight at 200 requests/s of 200 ms).
     assert c.min_rtt == pytest.approx(0.200)
+    assert limits[-1] >= 40
