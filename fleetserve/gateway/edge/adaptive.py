@@ -59,7 +59,7 @@ APP_LIMITED_UPDATES = 10
 LOW_LIMIT_UPDATES = 5
 
 
-@dataclass(eq=False)
+@dataclass(eq=False, slots=True)
 class Token:
     """One admitted request's slot; hand it back exactly once with :meth:`GradientController.release`."""
 
