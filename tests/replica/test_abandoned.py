@@ -63,9 +63,9 @@ def metrics(url: str) -> dict[str, float]:
 
 
 def load(url: str) -> tuple[int, int]:
-    """(rows queued, rows running) from the load report every response carries."""
-    with urllib.request.urlopen(f"{url}/v2/health/live", timeout=5) as r:
-        return int(r.headers["X-Fleetserve-Queue-Depth"]), int(r.headers["X-Fleetserve-Inflight"])
+    """(rows queued, HTTP inference requests in progress) from the replica's metrics."""
+    samples = metrics(url)
+    return int(samples["fleetserve_queue_depth"]), int(samples["fleetserve_inflight_requests"])
 
 
 def post(url: str, headers: dict[str, str] | None = None, path: str = INFER,
@@ -86,6 +86,7 @@ class Busy:
         self.url = proc.url
         self.before = metrics(proc.url)
         self.answer = pool.submit(post, proc.url)
+        # In progress and not queued: its batch runs.
         wait_for("the busy batch to start", lambda: load(self.url) == (0, 1))
 
     def queued(self, n: int) -> None:
