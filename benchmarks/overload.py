@@ -319,6 +319,7 @@ def analyse(setting: str, capacity: float, phases: list[Phase], outcomes: list[t
     p60_p99 = pct(ok["p60"], 99)
     rows = {
         "unloaded_p99_ms": pct(ok["unloaded"], 99) * 1e3,
+        "unloaded_failed": float(sum(1 for o in by["unloaded"] if o.status != 200)),
         "p60_p50_ms": pct(ok["p60"], 50) * 1e3,
         "p60_p99_ms": p60_p99 * 1e3,
         "p60_failed": float(sum(1 for o in by["p60"] if o.status != 200)),
@@ -332,6 +333,7 @@ def analyse(setting: str, capacity: float, phases: list[Phase], outcomes: list[t
         "goodput_rps": good / phases[2].seconds,
         "goodput_share": good / phases[2].seconds / capacity,
         "recovery_s": recovery(by["after"], burst_end, phases[3].seconds, p60_p99),
+        "after_failed": float(sum(1 for o in by["after"] if o.status != 200)),
         "rss_before_mib": max((m for t, m, _ in rss if t < burst_start), default=float("nan")),
         "rss_peak_mib": max((m for _, m, _ in rss), default=float("nan")),
         "rss_end_mib": rss[-1][1] if rss else float("nan"),

@@ -22,8 +22,10 @@ architecture docs), with two changes taken from Netflix's concurrency-limits (Ne
   replicas just started. A fleet that got slower pushes the limit down to there, and its new minRTT is taken.
   Envoy's forced windows, with up to ``jitter_percent`` random delay so that gateways do not measure in
   lockstep, are kept as an option (``min_rtt_interval_s`` > 0).
-- Every ``update_interval_s`` outside a window, the latencies of the requests finished since the last update
-  give **sampleRTT** (their ``sample_percentile``), and the limit becomes
+- Every ``update_interval_s`` outside a window, once at least ``min_update_samples`` requests finished since
+  the last update (Netflix's ``WindowedLimit`` waits for enough samples likewise: a percentile of a handful of
+  latencies is noise, and noise alone would walk the limit down at low rates), their latencies give
+  **sampleRTT** (their ``sample_percentile``), and the limit becomes
   ``limit * gradient + sqrt(limit * gradient)`` with
   ``gradient = clamp(minRTT * (1 + rtt_buffer_percent / 100) / sampleRTT, 0.5, 2)``, kept within
   ``[min_concurrency, max_concurrency]``: it halves at most per update while latency rises, grows by a
@@ -157,7 +159,7 @@ class GradientController:
             return
         if now >= self._next_window:
             self._enter_window()
-        elif now >= self._next_update:
+        elif now >= self._next_update and len(self._samples) >= self._config.min_update_samples:
             self._next_update = now + self._config.update_interval_s
             self._update_limit()
             self._peaks.append(self._inflight)
@@ -182,8 +184,6 @@ class GradientController:
             self._next_window = now + interval + self._rng.uniform(0, interval * self._config.jitter_percent / 100)
 
     def _update_limit(self) -> None:
-        if not self._samples:
-            return
         sample = percentile(self._samples, self._config.sample_percentile)
         self._samples.clear()
         self._sample_rtt = sample

@@ -149,6 +149,7 @@ class AdaptiveConcurrencyConfig:
     rtt_buffer_percent: float = option(25.0, "latency above the no-load latency tolerated before the limit "
                                        "shrinks", flag="--adaptive-rtt-buffer-percent")
     min_rtt_samples: int = 50
+    min_update_samples: int = 20
     sample_percentile: float = 50.0
     jitter_percent: float = 15.0
     retry_after_s: float = 1.0
@@ -165,6 +166,7 @@ class AdaptiveConcurrencyConfig:
         if not (math.isfinite(self.rtt_buffer_percent) and self.rtt_buffer_percent >= 0):
             raise ValueError(f"adaptive rtt_buffer_percent must be >= 0, got {self.rtt_buffer_percent}")
         _positive_int("adaptive min_rtt_samples", self.min_rtt_samples)
+        _positive_int("adaptive min_update_samples", self.min_update_samples)
         if not 0 < self.sample_percentile <= 100:
             raise ValueError(f"adaptive sample_percentile must be in (0, 100], got {self.sample_percentile}")
         if not 0 <= self.jitter_percent <= 100:

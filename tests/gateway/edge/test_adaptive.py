@@ -24,7 +24,8 @@ class FakeClock:
 
 
 def controller(clock: FakeClock, seed: int = 1, **overrides: object) -> GradientController:
-    settings: dict[str, object] = {"enabled": True, "min_rtt_interval_s": 60.0, **overrides}
+    """Step-by-step tests update on a single sample; the fleet simulations below use the defaults."""
+    settings: dict[str, object] = {"enabled": True, "min_rtt_interval_s": 60.0, "min_update_samples": 1, **overrides}
     return GradientController(AdaptiveConcurrencyConfig(**settings), clock, random.Random(seed))  # type: ignore[arg-type]
 
 
@@ -190,6 +191,22 @@ def test_no_forced_window_by_default() -> None:
         assert not c.measuring_min_rtt
 
 
+def test_the_limit_waits_for_enough_samples() -> None:
+    clock = FakeClock()
+    c = controller(clock, min_update_samples=5)
+    finish_min_rtt_window(c, clock, 0.010)
+    c._limit = 40
+    limits = []
+    for _ in range(5):  # one slow answer per interval: too few to judge until the fifth
+        clock.now += 0.1
+        token = c.try_acquire()
+        assert token is not None
+        c.release(token, 0.100, ok=True)
+        limits.append(c.limit)
+    assert limits[:4] == [40] * 4 and limits[4] < 40
+    assert c.sample_rtt == pytest.approx(0.100)
+
+
 def test_samples_per_interval_are_bounded() -> None:
     clock = FakeClock()
     c = controller(clock, min_rtt_samples=1)
@@ -273,7 +290,7 @@ def knee(base: float, at: int) -> Callable[[int], float]:
 
 def test_under_overload_the_limit_settles_near_the_knee_and_admitted_latency_stays_low() -> None:
     clock = FakeClock()
-    c = controller(clock)
+    c = controller(clock, min_rtt_interval_s=0.0, min_update_samples=20)
     fleet = Fleet(c, clock, knee(0.020, 10))  # capacity: 10 / 0.020 = 500 requests/s
     fleet.run(rate=1500, seconds=10)
     assert 5 <= c.limit <= 30
@@ -284,7 +301,7 @@ def test_under_overload_the_limit_settles_near_the_knee_and_admitted_latency_sta
 
 def test_the_limit_grows_back_when_load_falls_and_nothing_is_refused() -> None:
     clock = FakeClock()
-    c = controller(clock)
+    c = controller(clock, min_rtt_interval_s=0.0, min_update_samples=20)
     fleet = Fleet(c, clock, knee(0.020, 10))
     fleet.run(rate=1500, seconds=5)
     fleet.run(rate=250, seconds=5)
@@ -294,7 +311,7 @@ def test_the_limit_grows_back_when_load_falls_and_nothing_is_refused() -> None:
 
 def test_the_limit_never_falls_below_its_floor_and_requests_at_the_floor_carry_the_new_min_rtt() -> None:
     clock = FakeClock()
-    c = controller(clock, min_concurrency=4)
+    c = controller(clock, min_concurrency=4, min_rtt_interval_s=0.0, min_update_samples=20)
     fleet = Fleet(c, clock, knee(0.010, 50))
     fleet.run(rate=200, seconds=2)
     assert c.min_rtt == pytest.approx(0.010)
