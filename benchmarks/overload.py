@@ -48,6 +48,14 @@ from fleetserve.bench.workloads import WorkloadConfig, make_payloads
 from fleetserve.eventloop import loop_factory
 
 SETTINGS = {"off": ("--no-adaptive-concurrency",), "on": ("--adaptive-concurrency",)}
+
+
+def gateway_flags(setting: str) -> tuple[str, ...]:
+    """``off``, ``on``, or ``on:FLAG=VALUE:...`` (the limiter with other settings, e.g. a larger RTT buffer)."""
+    name, *extra = setting.split(":")
+    if name not in SETTINGS or (extra and name != "on"):
+        raise SystemExit(f"unknown setting {setting!r}: off, on or on:--flag=value[:...]")
+    return (*SETTINGS[name], *extra)
 TIMEOUT_S = 30.0
 
 
@@ -384,7 +392,7 @@ def run_setting(setting: str, args: argparse.Namespace, phases: list[Phase], cap
     replica, replica_url = start_replica(args)
     port = free_port()
     gateway = spawn("gateway", "--host", "127.0.0.1", "--port", str(port), "--backend", replica_url,
-                    *SETTINGS[setting])
+                    *gateway_flags(setting))
     try:
         wait_ok(f"http://127.0.0.1:{port}/readyz", gateway)
         with asyncio.Runner(loop_factory=loop_factory("auto")) as runner:
@@ -414,7 +422,7 @@ def table(results: list[Result]) -> str:
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--settings", default="off,on", help="comma list of off,on")
+    ap.add_argument("--settings", default="off,on", help="comma list of off, on, on:--flag=value[:...]")
     ap.add_argument("--batch-latency-ms", type=float, default=20.0)
     ap.add_argument("--max-batch", type=int, default=8)
     ap.add_argument("--burst-s", type=float, default=20.0)
@@ -440,6 +448,8 @@ def main() -> None:
           f"{capacity:.0f} req/s (max_batch {args.max_batch} / batch latency {args.batch_latency_ms} ms "
           f"= {args.max_batch / args.batch_latency_ms * 1000:.0f} at most)", flush=True)
     results = []
+    for setting in args.settings.split(","):
+        gateway_flags(setting)
     for setting in args.settings.split(","):
         print(f"-- limiter {setting}", flush=True)
         results.append(run_setting(setting, args, phases, capacity))
