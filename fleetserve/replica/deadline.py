@@ -1,6 +1,7 @@
 """The deadline a caller forwards with a request, as the replica reads it.
 
-The gateway sends what is left of a request's deadline in ``X-Fleetserve-Timeout-Ms`` (milliseconds);
+The gateway sends what is left of a request's deadline in ``X-Fleetserve-Timeout-Ms`` (milliseconds,
+``fleetserve.wire.TIMEOUT_HEADER``);
 the replica turns it into an absolute deadline on ``time.monotonic()`` (the batcher's clock) when the
 request arrives, and the batcher answers 504 for a request still queued at that moment, never running
 it: nobody waits for that answer any more. A gRPC call carries its own deadline (``grpc-timeout``),
@@ -14,8 +15,7 @@ import math
 import time
 
 from fleetserve.errors import InvalidInput
-
-TIMEOUT_HEADER = "X-Fleetserve-Timeout-Ms"
+from fleetserve.wire import TIMEOUT_HEADER
 
 
 def forwarded_deadline(value: str | None, now: float | None = None) -> float | None:

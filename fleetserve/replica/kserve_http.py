@@ -22,9 +22,9 @@ from aiohttp import web
 from fleetserve.engine.base import TensorSpec
 from fleetserve.errors import FleetserveError, NotReady
 from fleetserve.replica.codec import HEADER_LENGTH, CodecLimits, decode_infer_request, encode_infer_response
-from fleetserve.replica.deadline import TIMEOUT_HEADER, forwarded_deadline
+from fleetserve.replica.deadline import forwarded_deadline
 from fleetserve.replica.model import ModelRepository, ServedModel
-from fleetserve.wire import RETRY_AFTER, error_response, retry_after
+from fleetserve.wire import RETRY_AFTER, TIMEOUT_HEADER, error_response, retry_after
 
 log = logging.getLogger(__name__)
 

@@ -83,6 +83,9 @@ class LoadMeter:
     def on_rejected(self) -> None:
         self._observer.on_rejected()
 
+    def on_cancelled(self, n: int) -> None:
+        self._observer.on_cancelled(n)
+
 
 class LoadReporter:
     """``report()`` is the ``endpoint-load-metrics`` value for this instant."""

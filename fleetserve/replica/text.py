@@ -20,9 +20,10 @@ from aiohttp import web
 
 from fleetserve.errors import InvalidInput, PayloadTooLarge
 from fleetserve.models.tokenizer import TextTokenizer
-from fleetserve.replica.deadline import TIMEOUT_HEADER, forwarded_deadline
+from fleetserve.replica.deadline import forwarded_deadline
 from fleetserve.replica.kserve_http import guarded
 from fleetserve.replica.model import ServedModel
+from fleetserve.wire import TIMEOUT_HEADER
 
 
 @dataclass(frozen=True)

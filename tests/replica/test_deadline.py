@@ -5,7 +5,8 @@ from __future__ import annotations
 import pytest
 
 from fleetserve.errors import InvalidInput
-from fleetserve.replica.deadline import TIMEOUT_HEADER, forwarded_deadline, remaining_deadline
+from fleetserve.replica.deadline import forwarded_deadline, remaining_deadline
+from fleetserve.wire import TIMEOUT_HEADER
 
 
 def test_a_forwarded_timeout_becomes_an_absolute_deadline() -> None:

@@ -14,9 +14,9 @@ from aiohttp.test_utils import TestClient, TestServer
 
 from fleetserve.errors import InvalidInput, Overloaded, RequestExpired
 from fleetserve.replica.codec import HEADER_LENGTH, CodecLimits
-from fleetserve.replica.deadline import TIMEOUT_HEADER
 from fleetserve.replica.kserve_http import add_kserve_routes
 from fleetserve.replica.model import ModelRepository
+from fleetserve.wire import TIMEOUT_HEADER
 from tests.support.fake_models import FakeModel
 
 MAX_BODY = 256 << 10

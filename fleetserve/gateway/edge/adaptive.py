@@ -187,8 +187,7 @@ class GradientController:
         sample = percentile(self._samples, self._config.sample_percentile)
         self._samples.clear()
         self._sample_rtt = sample
-        self._follow_min_rtt()
-        buffered = self._min_rtt * (1 + self._config.rtt_buffer_percent / 100)
+        buffered = self._follow_min_rtt() * (1 + self._config.rtt_buffer_percent / 100)
         gradient = min(2.0, max(0.5, buffered / sample)) if sample > 0 else 2.0
         limit = self._limit * gradient
         new = min(self._config.max_concurrency, max(self._config.min_concurrency, int(limit + math.sqrt(limit))))
@@ -196,11 +195,11 @@ class GradientController:
             return  # app-limited: demand, not the fleet, kept in-flight low
         self._limit = new
 
-    def _follow_min_rtt(self) -> None:
-        """minRTT falls to the low-load requests' latency at once; it rises to it only after the limit sat near
-        its floor for ``LOW_LIMIT_UPDATES`` updates, when so few requests in flight cannot explain the latency by
-        queueing. (Under overload, low-load moments come right after a batch of answers, behind the replicas'
-        next batch: their latency drifts up without the fleet getting slower.)"""
+    def _follow_min_rtt(self) -> float:
+        """The minRTT for this update. It falls to the low-load requests' latency at once; it rises to it only
+        after the limit sat near its floor for ``LOW_LIMIT_UPDATES`` updates, when so few requests in flight
+        cannot explain the latency by queueing. (Under overload, low-load moments come right after a batch of
+        answers, behind the replicas' next batch: their latency drifts up without the fleet getting slower.)"""
         assert self._min_rtt is not None
         low_load = percentile(self._low_load, self._config.sample_percentile)
         if self._limit <= 2 * self._config.min_concurrency:
@@ -209,3 +208,4 @@ class GradientController:
             self._low_limit_updates = 0
         if low_load < self._min_rtt or self._low_limit_updates >= LOW_LIMIT_UPDATES:
             self._min_rtt = low_load
+        return self._min_rtt
