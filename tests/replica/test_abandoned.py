@@ -3,8 +3,9 @@ batch (``--batch-latency-ms``) while other requests queue behind it, then leave 
 forwarded deadline (``X-Fleetserve-Timeout-Ms``) or gRPC deadline passes, or the gRPC call is cancelled.
 
 Executed work is read from the replica's own metrics: ``fleetserve_batch_size`` counts engine calls (its
-``_sum`` the rows), so after the busy batch ends exactly one batch of one row must have run. Every wait is a
-poll of a real condition (queue depth, a counter) with a deadline, never a sleep standing in for one.
+``_sum`` the rows), so after the busy batch ends exactly one batch of one row must have run. Clients that hang
+up do so on the replica itself and on a gateway in front of it (which cancels its attempt in turn). Every wait is
+a poll of a real condition (queue depth, a counter) with a deadline, never a sleep standing in for one.
 """
 
 from __future__ import annotations
@@ -12,10 +13,9 @@ from __future__ import annotations
 import concurrent.futures
 import json
 import socket
-import time
 import urllib.error
 import urllib.request
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 
 import grpc
 import pytest
@@ -23,7 +23,8 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from fleetserve.replica.proto import grpc_service_pb2 as pb
 from fleetserve.replica.proto import grpc_service_pb2_grpc as pb_grpc
-from tests.procs import Proc, free_port, replica, spawn, wait_http
+from tests.support.procs import Proc, gateway, replica
+from tests.support.waiting import until_sync
 
 # Long enough that the queued requests leave, and the replica notices, while the first batch still runs.
 BUSY_MS = 2500
@@ -41,14 +42,6 @@ def slow() -> Iterator[Proc]:
     with replica("tiny", "--batch-latency-ms", str(BUSY_MS), "--max-batch", "1", "--padding", "fixed",
                  "--fixed-seq", "16", "--max-delay-ms", "0") as proc:
         yield proc
-
-
-def wait_for(what: str, condition: Callable[[], bool], timeout: float = 20.0) -> None:
-    deadline = time.monotonic() + timeout
-    while not condition():
-        if time.monotonic() > deadline:
-            raise AssertionError(f"timed out after {timeout}s waiting for {what}")
-        time.sleep(0.01)
 
 
 def metrics(url: str) -> dict[str, float]:
@@ -79,6 +72,16 @@ def post(url: str, headers: dict[str, str] | None = None, path: str = INFER,
         return e.code, json.loads(e.read() or b"{}")
 
 
+def hang_up_later(port: int, n: int) -> list[socket.socket]:
+    """``n`` raw connections that each sent one inference request; closing one hangs up on its request."""
+    head = (f"POST {INFER} HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Type: application/json\r\n"
+            f"Content-Length: {len(BODY)}\r\n\r\n").encode()
+    clients = [socket.create_connection(("127.0.0.1", port), timeout=5) for _ in range(n)]
+    for client in clients:
+        client.sendall(head + BODY)
+    return clients
+
+
 class Busy:
     """One request whose slow batch holds the replica's only engine instance; the test's work queues behind it."""
 
@@ -87,10 +90,10 @@ class Busy:
         self.before = metrics(proc.url)
         self.answer = pool.submit(post, proc.url)
         # In progress and not queued: its batch runs.
-        wait_for("the busy batch to start", lambda: load(self.url) == (0, 1))
+        until_sync(lambda: load(self.url) == (0, 1), 20, "the busy batch to start")
 
     def queued(self, n: int) -> None:
-        wait_for(f"{n} rows queued", lambda: load(self.url)[0] == n)
+        until_sync(lambda: load(self.url)[0] == n, 20, f"{n} rows queued")
         assert not self.answer.done(), "the busy batch ended before the test's requests queued: raise BUSY_MS"
 
     def executed_after(self) -> tuple[float, float]:
@@ -107,16 +110,12 @@ class Busy:
 def test_clients_that_hang_up_while_queued_are_never_executed(slow: Proc) -> None:
     with concurrent.futures.ThreadPoolExecutor(4) as pool:
         busy = Busy(slow, pool)
-        head = (f"POST {INFER} HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Type: application/json\r\n"
-                f"Content-Length: {len(BODY)}\r\n\r\n").encode()
-        clients = [socket.create_connection(("127.0.0.1", slow.port), timeout=5) for _ in range(N)]
-        for client in clients:
-            client.sendall(head + BODY)
+        clients = hang_up_later(slow.port, N)
         busy.queued(N)
         for client in clients:
             client.close()
-        wait_for("the hung-up requests to leave the queue", lambda: busy.delta("fleetserve_requests_cancelled_total")
-                 == N)
+        until_sync(lambda: busy.delta("fleetserve_requests_cancelled_total") == N, 20,
+                   "the hung-up requests to leave the queue")
         assert load(slow.url)[0] == 0
         assert busy.executed_after() == (1, 1)
         assert busy.delta("fleetserve_requests_total") == N + 1  # N counted as 499, the busy one 200
@@ -142,20 +141,26 @@ def test_a_forwarded_deadline_that_passes_in_the_queue_is_a_504_never_executed(
 
 
 def test_a_deadline_forwarded_through_the_gateway_is_honoured_at_the_replica(slow: Proc) -> None:
-    port = free_port()
-    gateway = spawn(["gateway", "--host", "127.0.0.1", "--port", str(port), "--backend", slow.url], port)
-    try:
-        wait_http(f"{gateway.url}/readyz", timeout=30, proc=gateway)
-        with concurrent.futures.ThreadPoolExecutor(N + 1) as pool:
-            busy = Busy(slow, pool)
-            answers = [pool.submit(post, gateway.url, {"X-Fleetserve-Timeout-Ms": "400"}) for _ in range(N)]
-            assert [a.result(timeout=30)[0] for a in answers] == [504] * N
-            # The replica dropped each one itself (deadline) or because the gateway hung up on it (cancelled).
-            wait_for("the replica to drop the requests", lambda: busy.delta("fleetserve_requests_expired_total")
-                     + busy.delta("fleetserve_requests_cancelled_total") == N)
-            assert busy.executed_after() == (1, 1)
-    finally:
-        gateway.stop()
+    with gateway([slow.url]) as front, concurrent.futures.ThreadPoolExecutor(N + 1) as pool:
+        busy = Busy(slow, pool)
+        answers = [pool.submit(post, front.url, {"X-Fleetserve-Timeout-Ms": "400"}) for _ in range(N)]
+        assert [a.result(timeout=30)[0] for a in answers] == [504] * N
+        # The replica dropped each one itself (deadline) or because the gateway hung up on it (cancelled).
+        until_sync(lambda: busy.delta("fleetserve_requests_expired_total")
+                   + busy.delta("fleetserve_requests_cancelled_total") == N, 20, "the replica to drop the requests")
+        assert busy.executed_after() == (1, 1)
+
+
+def test_clients_that_hang_up_on_the_gateway_are_never_executed_at_the_replica(slow: Proc) -> None:
+    with gateway([slow.url]) as front, concurrent.futures.ThreadPoolExecutor(2) as pool:
+        busy = Busy(slow, pool)
+        clients = hang_up_later(front.port, N)
+        busy.queued(N)
+        for client in clients:
+            client.close()
+        until_sync(lambda: busy.delta("fleetserve_requests_cancelled_total") == N, 20,
+                   "the gateway's hung-up requests to leave the replica's queue")
+        assert busy.executed_after() == (1, 1)
 
 
 def _grpc_request() -> pb.ModelInferRequest:
@@ -182,7 +187,7 @@ def test_grpc_calls_past_their_deadline_or_cancelled_are_never_executed(slow: Pr
         busy.queued(N)
         for call in abandoned:
             assert call.cancel()
-        wait_for("the replica to drop every call", lambda: busy.delta("fleetserve_requests_expired_total")
-                 + busy.delta("fleetserve_requests_cancelled_total") == 2 * N)
+        until_sync(lambda: busy.delta("fleetserve_requests_expired_total")
+                   + busy.delta("fleetserve_requests_cancelled_total") == 2 * N, 20, "the replica to drop every call")
         assert busy.delta("fleetserve_requests_cancelled_total") >= N
         assert busy.executed_after() == (1, 1)
