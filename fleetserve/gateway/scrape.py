@@ -8,8 +8,9 @@ worker a scrape reaches reads its siblings' expositions there and merges them wi
 - counters, histograms and summaries are summed sample by sample (same names, same labels), as are gauges
   of amounts (requests in flight, table sizes);
 - gauges that are a worker's view of the same fleet (``fleetserve_gateway_backends{state}``) take the
-  largest value, so two workers that each see three healthy backends report three, not six, as does a
-  per-process limit (``process_max_fds``);
+  largest value, so two workers that each see three healthy backends report three, not six, as do the
+  adaptive limit's no-load latency (``fleetserve_gateway_min_rtt_seconds``) and a per-process limit
+  (``process_max_fds``);
 - start times (``*_created``, ``process_start_time_seconds``) take the earliest.
 
 ``fleetserve_gateway_workers`` says how many workers' metrics the scrape holds; a worker that does not answer
@@ -40,7 +41,7 @@ log = logging.getLogger(__name__)
 PEER_TIMEOUT_S = 2.0
 WORKERS = "fleetserve_gateway_workers"
 # Gauges that are each worker's view of one shared thing, or a per-process limit: the scrape reports the largest.
-LARGEST = frozenset({"fleetserve_gateway_backends", "process_max_fds"})
+LARGEST = frozenset({"fleetserve_gateway_backends", "fleetserve_gateway_min_rtt_seconds", "process_max_fds"})
 EARLIEST = frozenset({"process_start_time_seconds"})
 _LOCAL_PATH = "/metrics"
 

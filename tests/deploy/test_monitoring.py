@@ -24,21 +24,25 @@ NOT_ON_A_PANEL = {
     "fleetserve_engine_instances",
     # How many workers' metrics a --workers N scrape merged: a check of the scrape itself, constant while it runs.
     "fleetserve_gateway_workers",
+    # The adaptive limit's no-load latency: an input the limit panel already shows the effect of.
+    "fleetserve_gateway_min_rtt_seconds",
 }
 
 
 def _registries() -> list[Any]:
     """The registries of a replica and of a gateway with every optional part on (a rate-limit rule registers
-    its bucket-table gauge); the NVML gauges are read from their source below. A new metrics object belongs
-    here, or the source scan fails."""
+    its bucket-table gauge, the adaptive concurrency limit its gauges); the NVML gauges are read from their
+    source below. A new metrics object belongs here, or the source scan fails."""
     from fleetserve.gateway.edge import EdgeConfig, RateLimitRule
+    from fleetserve.gateway.edge.config import AdaptiveConcurrencyConfig
     from fleetserve.gateway.edge.guards import EdgeGuards
     from fleetserve.gateway.metrics import GatewayMetrics
     from fleetserve.gateway.scrape import merge
     from fleetserve.telemetry.metrics import ReplicaMetrics
 
     gateway = GatewayMetrics().registry
-    EdgeGuards.create(EdgeConfig(rate_limits=(RateLimitRule(rate=100.0, burst=10),)), gateway)
+    EdgeGuards.create(EdgeConfig(rate_limits=(RateLimitRule(rate=100.0, burst=10),),
+                                 adaptive=AdaptiveConcurrencyConfig(enabled=True)), gateway)
     merged = CollectorRegistry()  # what a --workers N scrape adds to the families above
     merged.register(_Parsed(merge([generate_latest(gateway).decode()] * 2).decode()))
     return [ReplicaMetrics("m").registry, gateway, merged]

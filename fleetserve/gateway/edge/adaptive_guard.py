@@ -66,7 +66,8 @@ class AdaptiveConcurrencyGauges(Collector):
                                 "Adaptive concurrency limit: requests admitted in flight at most", value=c.limit)
         yield GaugeMetricFamily("fleetserve_gateway_concurrency_inflight",
                                 "Requests holding an adaptive concurrency slot", value=c.inflight)
-        if c.min_rtt is not None:
-            yield GaugeMetricFamily("fleetserve_gateway_min_rtt_seconds",
-                                    "Latency without queueing, as the adaptive concurrency limit last measured it",
-                                    value=c.min_rtt)
+        min_rtt = GaugeMetricFamily("fleetserve_gateway_min_rtt_seconds",
+                                    "Latency without queueing, as the adaptive concurrency limit last measured it")
+        if c.min_rtt is not None:  # no sample until the first measurement
+            min_rtt.add_metric([], c.min_rtt)
+        yield min_rtt
