@@ -17,8 +17,9 @@ nothing (direct) — driven open loop by ``fleetserve bench`` machinery, with on
 5. partition: replica 0 runs in its own network namespace and its packets are dropped (``partition-drop``)
    or delayed 2 s each way (``partition-delay``) from the fault on — no refusal, no reset — through our gateway and
    through Envoy; needs root (``ip netns``, iptables), skipped with the reason otherwise.
-6. hedging (only when asked for, ``--only hedging``): the throttled scenario with the default policy and
-   hedging at p95, at p99 and off, interleaved ``--repeat`` times, against one all-healthy run.
+6. hedging (only when asked for, ``--only hedging``): the default policy with hedging off, at p99 toward idle
+   replicas only (``--hedge-spare-only``) and at p99 toward any replica, all healthy and with the throttled
+   replica, interleaved ``--repeat`` times.
 
     .venv/bin/python benchmarks/gateway.py [--only overhead,throttled,crash,rolling,partition,hedging] [--duration 30]
 """
@@ -147,11 +148,13 @@ async def main(args: argparse.Namespace) -> list[ScenarioResult]:
             print(f"Envoy client-side WRR (ORCA) p99 = {cwrr:.2f}× Envoy LEAST_REQUEST p99 (goal < 1)")
 
     if "hedging" in only:
-        runs = [await run(fault="none", rate=rate)]
-        for _ in range(args.repeat):
-            runs += [await run(fault="throttle", rate=rate, gateway_args=("--hedge-percentile", p))
-                     for p in ("95", "99", "0")]
-        print("\n### hedging on the throttled replica\n" + table(runs))
+        settings = {"off": ("--hedge-percentile", "0"), "p99 spare-only": ("--hedge-percentile", "99"),
+                    "p99 any replica": ("--hedge-percentile", "99", "--no-hedge-spare-only")}
+        runs = []
+        for _ in range(args.repeat):  # interleaved, so drifts of a shared machine hit every setting alike
+            for fault in ("none", "throttle"):
+                runs += [await run(fault=fault, rate=rate, gateway_args=a) for a in settings.values()]
+        print("\n### hedging, all healthy and with the throttled replica\n" + table(runs))
 
     envoy = [f for f in ENVOY if installed(f)]
     if "crash" in only:

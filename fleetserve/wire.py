@@ -131,7 +131,7 @@ class LoadReport(NamedTuple):
     application_utilization: float = 0.0
     queue_depth: float = 0.0
     inflight: float = 0.0
-    gpu_utilization: float = 0.0
+    gpu_utilization: float | None = None  # None: the replica reports no GPU (a CPU replica)
     gpu_throttled: bool = False
 
 
@@ -171,7 +171,8 @@ def parse_load_report(text: str | None) -> LoadReport | None:
 def _parse(text: str) -> LoadReport | None:
     if not text.startswith(_TEXT):
         return None  # the BIN and JSON forms are not read
-    utilization = queue = inflight = gpu = 0.0
+    utilization = queue = inflight = 0.0
+    gpu: float | None = None
     throttled = False
     seen: set[str] = set()
     for item in text[len(_TEXT):].split(","):
@@ -196,7 +197,8 @@ def _parse(text: str) -> LoadReport | None:
             gpu = number
         elif name == _GPU_THROTTLED:
             throttled = number > 0.0
-    return LoadReport(max(0.0, utilization), _count(queue), _count(inflight), min(1.0, max(0.0, gpu)), throttled)
+    gpu_share = None if gpu is None else min(1.0, max(0.0, gpu))
+    return LoadReport(max(0.0, utilization), _count(queue), _count(inflight), gpu_share, throttled)
 
 
 def _count(value: float) -> float:

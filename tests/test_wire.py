@@ -81,3 +81,10 @@ def test_reported_values_are_clamped() -> None:
     report = wire.parse_load_report("TEXT named_metrics.queue_depth=1e12,named_metrics.inflight=-3,"
                                     "named_metrics.gpu_utilization=7,application_utilization=-1")
     assert report == wire.LoadReport(0.0, 1_000_000, 0, 1.0, False)
+
+
+def test_a_report_without_gpu_metrics_says_no_gpu_rather_than_an_idle_one() -> None:
+    cpu = wire.parse_load_report(wire.encode_load_report(2, 1))
+    gpu = wire.parse_load_report(wire.encode_load_report(2, 1, gpu={"gpu_utilization": 0.0}))
+    assert cpu is not None and cpu.gpu_utilization is None
+    assert gpu is not None and gpu.gpu_utilization == 0.0

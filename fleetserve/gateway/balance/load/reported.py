@@ -72,7 +72,8 @@ def reported_cost(load: EndpointLoad, rival: EndpointLoad, now: float) -> float:
     fresh = load.reported.freshness(now)
     if fresh > 0.0:
         last = load.reported.last
-        score *= 1.0 + fresh * last.gpu_utilization
+        if last.gpu_utilization is not None:
+            score *= 1.0 + fresh * last.gpu_utilization
         if last.gpu_throttled:
             score *= 1.0 + (THROTTLE_FACTOR - 1.0) * fresh
     return score / load.effective_weight(now)
