@@ -54,4 +54,5 @@ def test_the_report_is_orca_with_the_queue_now_and_the_gpu_metrics() -> None:
     queue = SimpleNamespace(queue_depth=7, inflight=2)
     text = LoadReporter(queue, meter, lambda: {GPU_THROTTLED: 1.0}).report()
     assert "rps_fractional=2," in text
-    assert parse_load_report(text) == LoadReport(0.25, 7, 2, 0.0, True)
+    # throttling reported, utilisation not: the report says 'no utilisation known', not an idle GPU
+    assert parse_load_report(text) == LoadReport(0.25, 7, 2, None, True)
