@@ -27,6 +27,7 @@ from fleetserve.bench.recorder import RawResult, Recorder
 from fleetserve.bench.report import LoadReport, build_report
 from fleetserve.bench.workloads import WORKLOADS, WorkloadConfig, make_payloads
 from fleetserve.options import option
+from fleetserve.wire import TIMEOUT_HEADER
 
 Clock = Callable[[], float]
 # Open loop without max_inflight-many connections: requests beyond this wait for a free connection,
@@ -62,7 +63,8 @@ class LoadConfig:
     arrivals: str = option("poisson", "open loop: arrival process", choices=ARRIVALS.keys)
     long_fraction: float = option(0.1, "share of 100-300 token texts (the rest are 5-30 tokens)")
     max_inflight: int = option(4096, "open loop: outstanding requests at most; more are counted as dropped")
-    timeout_s: float = option(10.0, "per-request seconds", flag="--timeout")
+    timeout_s: float = option(10.0, "per-request seconds, also sent as the request's deadline "
+                              "(X-Fleetserve-Timeout-Ms) unless --headers set one", flag="--timeout")
     seed: int = option(0, "random seed of arrivals and payloads")
     headers: Mapping[str, str] = field(default_factory=dict)
     connections: int | None = option(None, "connection pool size", default_text="concurrency, or min(max-inflight, "
@@ -113,7 +115,12 @@ class LoadConfig:
             connections = self.concurrency
         else:
             connections = min(self.max_inflight, DEFAULT_OPEN_CONNECTIONS)
-        return ClientConfig(self.url, connections, self.timeout_s, dict(self.headers))
+        # The client's deadline travels with each request, as a real client's would: a gateway in front
+        # splits it over retries, a replica drops work that outlives it.
+        headers = dict(self.headers)
+        if all(name.lower() != TIMEOUT_HEADER.lower() for name in headers):
+            headers[TIMEOUT_HEADER] = str(max(1, round(self.timeout_s * 1000)))
+        return ClientConfig(self.url, connections, self.timeout_s, headers)
 
     def workload_config(self) -> WorkloadConfig:
         return WorkloadConfig(

@@ -49,6 +49,9 @@ class GatewayConfig:
     request_timeout_ms: int = option(30_000, "default per-request deadline incl. retries; clients may send "
                                      "X-Fleetserve-Timeout-Ms", flag="--timeout-ms")
     max_request_timeout_ms: int = 600_000
+    per_try_timeout_ms: int = option(0, "cut an attempt unanswered after this long and retry it on another replica "
+                                     "(retry budget and deadline allowing); 0: the deadline split over the "
+                                     "attempts allowed", flag="--per-try-timeout-ms")
     max_body_bytes: int = option(16 * 1024 * 1024, "largest request body; 413 beyond")
     max_retries: int = 1
     retry_after_s: int = 1
@@ -87,6 +90,8 @@ class GatewayConfig:
         if not 0 < self.request_timeout_ms <= self.max_request_timeout_ms:
             raise ValueError(f"request_timeout_ms must be in 1..max_request_timeout_ms "
                              f"({self.max_request_timeout_ms}), got {self.request_timeout_ms}")
+        if self.per_try_timeout_ms < 0:
+            raise ValueError(f"per_try_timeout_ms must be >= 0, got {self.per_try_timeout_ms}")
         if self.max_body_bytes < 1:
             raise ValueError(f"max_body_bytes must be >= 1, got {self.max_body_bytes}")
         if not isinstance(self.edge, EdgeConfig):

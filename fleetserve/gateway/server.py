@@ -130,7 +130,8 @@ async def serve_gateway(
         guards = EdgeGuards.create(config.edge, metrics.registry, clock)
         forwarder = Forwarder(balancer, metrics, config.hedge, guards.observer, max_retries=config.max_retries,
                               retry_after=retry_after(config.retry_after_s),
-                              overload_retry_after=guards.retry_after, clock=clock)
+                              overload_retry_after=guards.retry_after,
+                              try_timeout_s=config.per_try_timeout_ms / 1000, clock=clock)
         ids = IdGenerator()
         extra = middlewares(metrics.registry) if middlewares else ()
         app = build_app(config, forwarder, balancer, upstreams, metrics, guards, ids, extra,

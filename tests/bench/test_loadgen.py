@@ -149,6 +149,7 @@ async def test_report_records_the_config_without_secrets(server: TargetServer) -
     config = open_loop(server.url, rate=50.0, duration_s=0.2, headers={"Authorization": "Bearer s3cret"})
     report = await run_load(config)
     assert server.seen.headers[0]["Authorization"] == "Bearer s3cret"
+    assert server.seen.headers[0]["X-Fleetserve-Timeout-Ms"] == "10000"  # the client's deadline travels with it
     assert report.config["headers"] == {"Authorization": "<redacted>"}
     assert "s3cret" not in str(report.to_json())
     assert report.config["client"] == "fast" and report.config["connections"] == 512

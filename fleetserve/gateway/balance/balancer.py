@@ -130,6 +130,10 @@ class Balancer:
             return None
         return self._policy.choose(candidates, ctx)
 
+    def has_other(self, exclude: Collection[Endpoint]) -> bool:
+        """Whether some endpoint outside ``exclude`` may take traffic now (caps aside): a retry has somewhere to go."""
+        return any(ep not in exclude for ep in self._fleet.candidates(self._clock()))
+
     def capped(self, exclude: Collection[Endpoint] = ()) -> bool:
         """Whether some endpoint that :meth:`pick` would otherwise consider is at its in-flight cap: after
         ``pick`` returned None, the fleet is saturated rather than down."""

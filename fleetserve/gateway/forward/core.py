@@ -15,6 +15,12 @@ to one replica and how to classify what came back. The core does the rest, the s
   pool to it full) did no work anywhere and is retried without it: that keeps a crashed replica from
   failing the requests routed to it before it is ejected. Never after an answer started to arrive, and
   never on a 4xx, which is the client's to see unchanged.
+- **Per-try timeout**, after Envoy's ``per_try_timeout``: an attempt that has not answered by its own deadline
+  is cancelled (its replica drops the work) and counts as that replica's failure; the request is retried
+  on another replica while the retry budget and the request's deadline allow. The default splits what is
+  left of the deadline evenly over the attempts still allowed, so a replica whose packets vanish (a network
+  partition: no refusal, no reset) costs a request half its deadline, not all of it; the last attempt, and
+  one with no other replica to retry on, gets everything that is left.
 - **Hedge** (:mod:`.hedge`): an inference call whose first attempt is slower than the route's recent
   latency percentile gets a copy on another replica that has nothing outstanding, within the hedge budget;
   the first answer wins and the
@@ -92,13 +98,14 @@ class Forwarder:
     """The core of one gateway process, shared by its HTTP and gRPC listeners."""
 
     def __init__(self, balancer: Balancer, metrics: GatewayMetrics, hedge: HedgeConfig, rejections: RejectionObserver,
-                 *, max_retries: int, retry_after: str, overload_retry_after: str,
+                 *, max_retries: int, retry_after: str, overload_retry_after: str, try_timeout_s: float = 0.0,
                  clock: Callable[[], float] = time.monotonic) -> None:
         self._balancer = balancer
         self._metrics = metrics
         self._hedger = Hedger(hedge)
         self._rejections = rejections
         self._attempts = max_retries + 1
+        self._try_timeout_s = try_timeout_s  # 0: the deadline split over the attempts left
         self._retry_after = retry_after
         self._overload_retry_after = overload_retry_after
         self._clock = clock
@@ -114,16 +121,19 @@ class Forwarder:
         tried: list[Endpoint] = []
         outcome: Outcome[A] | None = None
         hedge_delay = self._hedger.delay_s(ctx.method, ctx.path)
-        for _ in range(self._attempts):
+        for left in range(self._attempts, 0, -1):
             ep = balancer.pick(ctx, tried)
             if ep is None:
                 if outcome is None:
                     return self._saturated() if balancer.capped(tried) else self._no_replica("")
                 break
-            if self._clock() >= deadline:
+            now = self._clock()
+            if now >= deadline:
                 return self._deadline_passed(timeout_s)
+            # No other replica to retry on: this attempt may take all the time left.
+            try_deadline = self._try_deadline(now, deadline, left if balancer.has_other((*tried, ep)) else 1)
             if outcome is None:
-                outcome = await self._first(ctx, exchange, ep, deadline, tried, hedge_delay)
+                outcome = await self._first(ctx, exchange, ep, try_deadline, deadline, tried, hedge_delay)
             else:
                 budgeted = outcome.sent
                 if budgeted and not balancer.retry_budget.try_acquire():
@@ -131,7 +141,7 @@ class Forwarder:
                     break
                 self._metrics.retries.inc()
                 try:
-                    outcome = await self._attempt(ctx, exchange, balancer.start(ep), deadline)
+                    outcome = await self._attempt(ctx, exchange, balancer.start(ep), try_deadline, deadline)
                 finally:
                     if budgeted:
                         balancer.retry_budget.release()
@@ -146,12 +156,20 @@ class Forwarder:
             return self._no_replica(outcome.failure)
         return outcome
 
-    async def _first(self, ctx: RequestContext, exchange: Exchange[Any, A], ep: Endpoint, deadline: float,
-                     tried: list[Endpoint], hedge_delay: float | None) -> Outcome[A]:
+    def _try_deadline(self, now: float, deadline: float, attempts_left: int) -> float:
+        """When the attempt starting ``now`` is cut, ``attempts_left`` attempts (this one included) being allowed."""
+        if attempts_left <= 1:
+            return deadline
+        if self._try_timeout_s > 0:
+            return min(deadline, now + self._try_timeout_s)
+        return now + (deadline - now) / attempts_left
+
+    async def _first(self, ctx: RequestContext, exchange: Exchange[Any, A], ep: Endpoint, try_deadline: float,
+                     deadline: float, tried: list[Endpoint], hedge_delay: float | None) -> Outcome[A]:
         """The first attempt, raced against a hedged copy on another replica if it is slower than
         ``hedge_delay``; the first answer that is not a retryable failure wins and the other attempt is
         cancelled. A hedge's replica joins ``tried``, so a retry after both failed goes elsewhere."""
-        first = self._attempt(ctx, exchange, self._balancer.start(ep), deadline)
+        first = self._attempt(ctx, exchange, self._balancer.start(ep), try_deadline, deadline)
         if hedge_delay is None:
             return await first
         hedge: Ticket | None = None
@@ -163,7 +181,7 @@ class Forwarder:
                 return None
             tried.append(target)
             hedge = self._balancer.start(target)
-            return self._attempt(ctx, exchange, hedge, deadline)
+            return self._attempt(ctx, exchange, hedge, try_deadline, deadline)
 
         sent_at = self._clock()
         try:
@@ -199,17 +217,21 @@ class Forwarder:
         return ep
 
     async def _attempt(self, ctx: RequestContext, exchange: Exchange[Any, A], ticket: Ticket,
-                       deadline: float) -> Outcome[A]:
+                       try_deadline: float, deadline: float) -> Outcome[A]:
+        """One attempt, cut at ``try_deadline``; a 504 before the request's ``deadline`` is worth a retry."""
         ep = ticket.endpoint
         started = ticket.started_at
         outcome: Outcome[A] | None = None
         try:
             try:
-                reply = await exchange.send(ep, deadline - started)
+                reply = await exchange.send(ep, try_deadline - started)
             except Exception as exc:
                 outcome = exchange.failed(ep, exc)
             else:
                 outcome = exchange.answered(ep, reply)
+            if outcome.status == 504 and try_deadline < deadline:
+                outcome.retryable = True
+                outcome.failure = f"no answer within the per-try timeout of {(try_deadline - started) * 1000:.0f} ms"
             return outcome
         finally:
             # Also when the client went away or a hedge won (cancelled): no outcome says "no verdict".

@@ -38,14 +38,17 @@ class Rejections:
 
 class Script:
     """An exchange whose replies are scripted per replica host: ``ok``, ``refused``, ``reset``, ``busy``,
-    ``bad`` (a 400) or ``hang`` (never answers)."""
+    ``bad`` (a 400), ``hang`` (never answers) or ``silent`` (no answer within the attempt's timeout, which
+    is recorded)."""
 
     def __init__(self, **by_host: str) -> None:
         self.by_host = by_host
         self.sent: list[str] = []
+        self.timeouts: list[float] = []
 
     def send(self, ep: Endpoint, timeout_s: float) -> Awaitable[str]:
         self.sent.append(ep.host)
+        self.timeouts.append(timeout_s)
         return self._reply(self.by_host[ep.host])
 
     @staticmethod
@@ -56,6 +59,8 @@ class Script:
             raise ConnectionRefusedError("refused")
         if kind == "reset":
             raise ConnectionResetError("reset before any answer")
+        if kind == "silent":
+            raise TimeoutError("no answer")
         return kind
 
     def answered(self, ep: Endpoint, reply: str) -> Outcome[str]:
@@ -67,10 +72,13 @@ class Script:
             return Outcome(502, failure=str(error), backend=ep.url, connect_error=True, retryable=True, sent=False)
         if isinstance(error, ConnectionResetError):
             return Outcome(502, failure=str(error), backend=ep.url, verdict=502, retryable=True)
+        if isinstance(error, TimeoutError):
+            return Outcome(504, failure=str(error), backend=ep.url, verdict=504)
         raise error
 
 
-def make(*hosts: str, **balancing: Any) -> tuple[Forwarder, Balancer, GatewayMetrics, Rejections, Clock]:
+def make(*hosts: str, try_timeout_s: float = 0.0, max_retries: int = 1,
+         **balancing: Any) -> tuple[Forwarder, Balancer, GatewayMetrics, Rejections, Clock]:
     clock = Clock()
     metrics = GatewayMetrics()
     config = BalancerConfig(policy="round-robin", **balancing)
@@ -78,8 +86,8 @@ def make(*hosts: str, **balancing: Any) -> tuple[Forwarder, Balancer, GatewayMet
     for host in hosts:
         balancer.apply(Insert(Endpoint.from_url(f"http://{host}:8000")))
     rejections = Rejections()
-    forwarder = Forwarder(balancer, metrics, HedgeConfig(), rejections, max_retries=1, retry_after="1",
-                          overload_retry_after="7", clock=clock)
+    forwarder = Forwarder(balancer, metrics, HedgeConfig(), rejections, max_retries=max_retries, retry_after="1",
+                          overload_retry_after="7", try_timeout_s=try_timeout_s, clock=clock)
     return forwarder, balancer, metrics, rejections, clock
 
 
@@ -157,3 +165,34 @@ async def test_a_cancelled_attempt_gives_its_slot_back_and_says_nothing_about_th
         0, 0, "healthy", 0)
     assert metrics.registry.get_sample_value("fleetserve_gateway_upstream_duration_seconds_count",
                                              {"backend": "http://a:8000"}) == 1
+
+
+async def test_an_attempt_silent_past_its_share_of_the_deadline_is_retried_elsewhere() -> None:
+    forwarder, balancer, metrics, _, clock = make("a", "b", consecutive_errors=1)
+    script = Script(a="silent", b="silent")
+    script.by_host[balancer.pick(CTX).host] = "ok"  # type: ignore[union-attr]  # round-robin: the 2nd goes here
+    outcome = await forwarder.forward(CTX, script, clock.now + 1.0, 1.0)
+    assert (outcome.status, outcome.answer) == (200, "ok")
+    # Two attempts allowed: the first gets half the deadline, the last everything left.
+    assert script.timeouts == pytest.approx([0.5, 1.0])
+    assert metrics.retries._value.get() == 1
+    silent = [row for row in balancer.snapshot() if row["consecutive_failures"]]
+    assert len(silent) == 1  # the silent replica's timeout counts against it
+
+
+async def test_a_configured_per_try_timeout_caps_every_attempt_but_the_last() -> None:
+    forwarder, _, _, _, clock = make("a", "b", try_timeout_s=0.2)
+    script = Script(a="silent", b="silent")
+    outcome = await forwarder.forward(CTX, script, clock.now + 1.0, 1.0)
+    assert script.timeouts == pytest.approx([0.2, 1.0])
+    assert outcome.status == 504 and outcome.answer is None
+    # With no retry left, a silent replica's timeout is the client's 504, not a retry.
+    forwarder, _, _, _, clock = make("a", "b", max_retries=0)
+    assert (await forwarder.forward(CTX, Script(a="silent", b="silent"), clock.now + 1.0, 1.0)).status == 504
+
+
+async def test_with_no_other_replica_to_retry_on_an_attempt_keeps_the_whole_deadline() -> None:
+    forwarder, _, _, _, clock = make("a")
+    script = Script(a="silent")
+    assert (await forwarder.forward(CTX, script, clock.now + 1.0, 1.0)).status == 504
+    assert script.timeouts == pytest.approx([1.0])
