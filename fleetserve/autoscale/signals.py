@@ -42,6 +42,8 @@ class FleetSignals:
     held: int = 0  # requests the gateway holds waiting for a first replica (scale from zero)
     gpu_utilization: float | None = None  # mean over replicas reporting one; None: no GPU
     gpu_throttled: int = 0  # replicas reporting throttling
+    utilization: float | None = None  # mean engine busy share (ORCA application_utilization) over ready replicas
+    startup_s: float | None = None  # a replica's measured start-up time (decision to ready); None: not measured yet
     replicas: tuple[ReplicaSignals, ...] = ()
 
     @property
