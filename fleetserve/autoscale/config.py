@@ -91,13 +91,15 @@ class PredictiveConfig:
                                         flag="--predictive-target-load-percent")
     latency_trigger_percent: float = option(80.0, "p99 above this percent of the SLO and rising adds replicas",
                                             flag="--predictive-latency-trigger-percent")
-    min_samples: int = 5  # ticks of rate history before the trend is trusted
+    latency_window_s: float = 10.0  # fit the p99 trend over this many seconds
+    min_samples: int = 5  # ticks of history before a trend is trusted
     latency_step_percent: float = 10.0  # the latency trigger adds this share of the ready replicas (at least one)
     capacity_smoothing: float = 0.2  # weight of a new sample in the capacity estimate's moving average
 
     def __post_init__(self) -> None:
         _finite("trend_window_s", self.trend_window_s, strict=True)
         _finite("startup_s", self.startup_s)
+        _finite("latency_window_s", self.latency_window_s, strict=True)
         for name in ("target_load_percent", "latency_trigger_percent"):
             value = getattr(self, name)
             if not (math.isfinite(value) and 0 < value <= 100):
