@@ -5,13 +5,18 @@ metrics pipeline would show at that simulated time (arrival rate, p99 and engine
 interval, queue depth and replicas ready or starting). The simulator clamps the answer to
 ``[min_replicas, max_replicas]``, starts new replicas (ready, and announced to the gateway, after the cold
 start) or retires replicas still starting, then the newest ready ones (as a Kubernetes ReplicaSet does); a
-retired replica leaves the gateway at once and finishes the work it holds. :class:`FixedSize` keeps the fleet as it is.
+retired replica leaves the gateway at once and finishes the work it holds. :class:`FixedSize` keeps the fleet as it is;
+:class:`ProductRule` runs the product's own autoscaler (:mod:`fleetserve.autoscale`: ``hpa``, ``predictive``).
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Protocol
+
+from fleetserve.autoscale.config import AutoscaleConfig
+from fleetserve.autoscale.controller import Autoscaler
+from fleetserve.autoscale.signals import FleetSignals
 
 
 @dataclass(frozen=True)
@@ -35,6 +40,43 @@ class FixedSize:
 
     def desired(self, snapshot: FleetSnapshot) -> int:
         return snapshot.ready + snapshot.starting
+
+
+@dataclass
+class ProductRule:
+    """The product's :class:`~fleetserve.autoscale.controller.Autoscaler` as a simulator rule.
+
+    Each snapshot becomes a :class:`FleetSignals`: the interval's arrival rate, p99, engine utilisation (also
+    offered as GPU utilisation when ``engine_as_gpu``, for the hpa rule's GPU target), queue depth and rows in
+    flight; ``startup_s`` is the start-up time the rule is told was measured (the simulator's cold start).
+    ``timeline`` keeps (at_s, ready, starting, desired) per tick and ``replica_seconds`` the replicas (ready or
+    starting) integrated over the ticks.
+    """
+
+    autoscaler: Autoscaler
+    startup_s: float | None = None
+    engine_as_gpu: bool = False
+    timeline: list[tuple[float, int, int, int]] = field(default_factory=list)
+    replica_seconds: float = 0.0
+
+    @classmethod
+    def from_config(cls, config: AutoscaleConfig, startup_s: float | None = None,
+                    engine_as_gpu: bool = False) -> ProductRule:
+        return cls(Autoscaler.from_config(config), startup_s, engine_as_gpu)
+
+    def desired(self, snapshot: FleetSnapshot) -> int:
+        if self.timeline:
+            last_at, ready, starting, _ = self.timeline[-1]
+            self.replica_seconds += (ready + starting) * (snapshot.at_s - last_at)
+        signals = FleetSignals(
+            at_s=snapshot.at_s, ready=snapshot.ready, starting=snapshot.starting, draining=0,
+            request_rate=snapshot.arrival_rate, queue_depth=float(snapshot.queue_depth),
+            inflight=float(snapshot.inflight), p50_s=None, p99_s=snapshot.p99_s,
+            gpu_utilization=snapshot.utilisation if self.engine_as_gpu else None,
+            utilization=snapshot.utilisation, startup_s=self.startup_s)
+        desired = self.autoscaler.tick(signals).desired
+        self.timeline.append((snapshot.at_s, snapshot.ready, snapshot.starting, desired))
+        return desired
 
 
 @dataclass(frozen=True)

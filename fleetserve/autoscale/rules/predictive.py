@@ -7,8 +7,8 @@ Each tick it
    and single bursts barely move it) and forecasts the rate ``lead`` seconds ahead, ``lead`` being the replica
    start-up time the actuator measured (``FleetSignals.startup_s``; until then ``startup_s`` configured) plus one
    tick. The slope used is the lower of the whole window's and its last third's, so a ramp that stopped is not
-   projected further. A step (the median of the last three rates above the fitted line by more than four
-   standard deviations of a Poisson count and 10%) restarts the fit from the step;
+   projected further. A step or the start of a ramp (the median of the last three rates above the fitted line by
+   more than four standard deviations of a Poisson count and 10%) restarts the fit from the points above it;
 2. learns the capacity of one replica online: on ticks whose p99 held the SLO, the throughput per ready replica
    divided by the replicas' engine busy share (ORCA ``application_utilization``) estimates what a fully busy
    replica serves, smoothed by an exponential moving average; without utilisation reports, the highest
@@ -40,7 +40,7 @@ from fleetserve.autoscale.signals import FleetSignals
 
 _STEP_SIGMAS = 4.0
 _STEP_FRACTION = 0.10
-_RECENT = 3  # samples whose median tests for a step
+_RECENT = 3  # samples whose median tests for a step, and the fewest a line is fitted through
 _SHORT_SPAN = 1 / 3  # share of the trend window that must show the same growth
 
 
@@ -66,8 +66,14 @@ class _Series:
         while self.points and at_s - self.points[0][0] > self.window_s:
             self.points.popleft()
 
-    def keep_last(self, n: int) -> None:
-        while len(self.points) > n:
+    def keep_above(self, threshold: float) -> None:
+        """Keep only the trailing samples above ``threshold``."""
+        kept = 0
+        for _, value in reversed(self.points):
+            if value <= threshold:
+                break
+            kept += 1
+        while len(self.points) > kept:
             self.points.popleft()
 
     def fit(self, now: float, span_s: float | None = None) -> tuple[float, float]:
@@ -91,6 +97,7 @@ class PredictiveRule:
         self._interval_s = config.interval_s
         self._rate_window_s = config.rate_window_s
         self._rates = _Series(self.config.trend_window_s)
+        self._stepped = False  # the rate history restarted at a step and has fewer than min_samples points
         self._latencies = _Series(self.config.latency_window_s)
         self._held: deque[tuple[float, int]] = deque()  # (at_s, predictive count) over the scale-down window
         self._hold_s = config.hpa.scale_down_stabilization_s
@@ -105,23 +112,31 @@ class PredictiveRule:
         """(forecast rate ``lead`` ahead, the trend's slope, whether a step was detected) after adding the
         snapshot's rate to the history."""
         now = signals.at_s
+        lead = self.lead_s(signals)
         self._rates.add(now, signals.request_rate)
-        n = len(self._rates.points)
-        if n < self.config.min_samples:
-            level = self._rates.recent_median(_RECENT)
-            return level, 0.0, False
-        slope, level = self._rates.fit(now)
         recent = self._rates.recent_median(_RECENT)
-        noise = math.sqrt(max(level, 1.0) / self._rate_window_s)
-        if recent > level + max(_STEP_SIGMAS * noise, _STEP_FRACTION * level):
-            self._rates.keep_last(_RECENT)  # a new regime: fit from the step on
-            return recent, 0.0, True
-        # Growth must show over the last third of the window too, so a ramp that stopped stops being projected;
-        # the forecast starts from the lower of the line and the recent rates for the same reason.
-        short_slope, _ = self._rates.fit(now, self.config.trend_window_s * _SHORT_SPAN)
-        slope = min(slope, short_slope)
+        step = False
+        if len(self._rates.points) >= self.config.min_samples:
+            self._stepped = False
+            slope, level = self._rates.fit(now)
+            noise = math.sqrt(max(level, 1.0) / self._rate_window_s)
+            threshold = level + max(_STEP_SIGMAS * noise, _STEP_FRACTION * level)
+            if recent <= threshold:
+                # Growth must show over the last third of the window too, so a ramp that stopped stops being
+                # projected; the forecast starts from the lower of the line and the recent rates for the same reason.
+                short_slope, _ = self._rates.fit(now, self.config.trend_window_s * _SHORT_SPAN)
+                slope = min(slope, short_slope)
+                base = min(level, recent)
+                return max(base, base + slope * lead), slope, False
+            self._rates.keep_above(threshold)  # a new regime: fit from the step on
+            self._stepped = step = True
+            recent = self._rates.recent_median(_RECENT)
+        if not self._stepped or len(self._rates.points) < _RECENT:
+            return recent, 0.0, step
+        # Just after a step, before the window refills: the line through the points since, never projected down.
+        slope, level = self._rates.fit(now)
         base = min(level, recent)
-        return max(base, base + slope * self.lead_s(signals)), slope, False
+        return base + max(slope, 0.0) * lead, slope, step
 
     def learn(self, signals: FleetSignals) -> None:
         """Update the capacity estimate from a tick whose p99 held the SLO."""
