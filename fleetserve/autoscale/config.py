@@ -87,14 +87,14 @@ class PredictiveConfig:
                                    flag="--predictive-trend-window-s")
     startup_s: float = option(5.0, "replica start-up time assumed until the actuator reports a measured one",
                               flag="--predictive-startup-s")
-    target_load_percent: float = option(80.0, "plan replicas to run at this percent of their learned capacity",
-                                        flag="--predictive-target-load-percent")
+    target_load_percent: float = option(100.0, "plan replicas to run at this percent of the highest request rate "
+                                        "per replica that held the SLO", flag="--predictive-target-load-percent")
     latency_trigger_percent: float = option(80.0, "p99 above this percent of the SLO and rising adds replicas",
                                             flag="--predictive-latency-trigger-percent")
     latency_window_s: float = 10.0  # fit the p99 trend over this many seconds
     min_samples: int = 5  # ticks of history before a trend is trusted
+    capacity_confirm_s: float = 5.0  # p99 must hold the SLO this long after a rate for it to count as capacity
     latency_step_percent: float = 10.0  # the latency trigger adds this share of the ready replicas (at least one)
-    capacity_smoothing: float = 0.2  # weight of a new sample in the capacity estimate's moving average
 
     def __post_init__(self) -> None:
         _finite("trend_window_s", self.trend_window_s, strict=True)
@@ -107,8 +107,7 @@ class PredictiveConfig:
         if self.min_samples < 3:
             raise ValueError(f"autoscale min_samples must be >= 3, got {self.min_samples}")
         _finite("latency_step_percent", self.latency_step_percent, strict=True)
-        if not 0 < self.capacity_smoothing <= 1:
-            raise ValueError(f"autoscale capacity_smoothing must be in (0, 1], got {self.capacity_smoothing}")
+        _finite("capacity_confirm_s", self.capacity_confirm_s)
 
 
 @dataclass(frozen=True)

@@ -14,6 +14,8 @@ from fleetserve.autoscale.signals import FleetSignals, ReplicaSignals
 from tests.autoscale.support import signals
 
 QUEUE_ONLY = HpaConfig(target_queue_depth=100.0, target_gpu_utilization=0.0)  # "100m" as 100 rows per replica
+# The documentation's algorithm examples, before the scale-down stabilisation window smooths them.
+UNSTABILISED = replace(QUEUE_ONLY, scale_down_stabilization_s=0.0)
 UNLIMITED = (ScalingPolicy("percent", 1000, 15),)
 
 
@@ -34,7 +36,7 @@ def test_metric_twice_the_target_doubles_and_half_the_target_halves() -> None:
     # "if the current metric value is 200m, and the desired value is 100m, the number of replicas will be doubled"
     assert HpaRule(QUEUE_ONLY).recommend(queue(0.0, 4, 200.0)).replicas == 8
     # "If the current value is instead 50m, you'll halve the number of replicas"
-    rec = HpaRule(QUEUE_ONLY).recommend(queue(0.0, 4, 50.0))
+    rec = HpaRule(UNSTABILISED).recommend(queue(0.0, 4, 50.0))
     assert (rec.replicas, rec.reason) == (2, "queue_depth")
 
 
@@ -43,8 +45,15 @@ def test_metric_twice_the_target_doubles_and_half_the_target_halves() -> None:
                           (89.0, 9, "queue_depth")])
 def test_a_ratio_within_the_10_percent_tolerance_changes_nothing(per_replica: float, expected: int,
                                                                  reason: str) -> None:
-    rec = HpaRule(QUEUE_ONLY).recommend(queue(0.0, 10, per_replica))
+    rec = HpaRule(UNSTABILISED).recommend(queue(0.0, 10, per_replica))
     assert (rec.replicas, rec.reason) == (expected, reason)
+
+
+def test_a_fresh_rule_keeps_the_fleet_it_found_for_the_scale_down_window() -> None:
+    rule = HpaRule(QUEUE_ONLY)
+    assert rule.recommend(queue(0.0, 10, 10.0)).replicas == 10
+    assert rule.recommend(queue(299.0, 10, 10.0)).replicas == 10
+    assert rule.recommend(queue(300.0, 10, 10.0)).replicas == 1
 
 
 def test_fifty_replicas_at_90_percent_against_a_75_percent_target_become_sixty() -> None:

@@ -11,7 +11,7 @@ from dataclasses import replace
 import numpy as np
 import pytest
 
-from fleetserve.autoscale.config import AutoscaleConfig, HpaConfig, PredictiveConfig
+from fleetserve.autoscale.config import AutoscaleConfig, HpaConfig
 from fleetserve.autoscale.controller import Autoscaler
 from fleetserve.autoscale.rules import RULES
 from fleetserve.autoscale.rules.hpa import HpaRule
@@ -71,21 +71,17 @@ def test_a_ramp_is_caught_earlier_and_with_fewer_slo_violations_than_hpa() -> No
     assert {reason for (direction, reason) in scaler.counts() if direction == "up"} & {"forecast", "step"}
 
 
-def test_capacity_is_learned_from_throughput_and_utilisation_while_the_slo_holds() -> None:
+def test_capacity_is_the_highest_rate_per_replica_that_held_the_slo_for_the_confirmation_time() -> None:
     rule = PredictiveRule(CONFIG)
     assert rule.capacity is None
     for t in range(10):
-        rule.recommend(signals(float(t), 4, request_rate=120.0, utilization=0.6, p99_s=0.05))
-    assert rule.capacity == pytest.approx(50.0)  # 30/s per replica at 60% busy
-    rule.recommend(signals(10.0, 4, request_rate=400.0, utilization=1.0, p99_s=0.9))  # SLO broken: not learned
-    assert rule.capacity == pytest.approx(50.0)
-
-
-def test_without_utilisation_reports_capacity_is_the_best_throughput_within_the_slo() -> None:
-    rule = PredictiveRule(CONFIG)
-    for t, rate in enumerate((40.0, 80.0, 60.0)):
-        rule.recommend(signals(float(t), 2, request_rate=rate, p99_s=0.1))
-    assert rule.capacity == pytest.approx(40.0)
+        rule.recommend(signals(float(t), 4, request_rate=120.0, p99_s=0.05))
+    assert rule.capacity == pytest.approx(30.0)  # 120/s over 4 replicas, held for 5 s and more
+    for t in range(10, 13):  # more load, and the SLO breaks 2 s later: latency lagged, it was not capacity
+        rule.recommend(signals(float(t), 4, request_rate=200.0, p99_s=0.05 if t < 12 else 0.4))
+    for t in range(13, 30):
+        rule.recommend(signals(float(t), 4, request_rate=100.0, p99_s=0.05))
+    assert rule.capacity == pytest.approx(30.0)
 
 
 def test_lead_is_the_measured_startup_plus_one_tick() -> None:
@@ -97,10 +93,13 @@ def test_lead_is_the_measured_startup_plus_one_tick() -> None:
 def test_a_longer_startup_makes_it_scale_earlier() -> None:
     def first_up(startup_s: float) -> int:
         rule = PredictiveRule(CONFIG)
-        for t in range(120):
-            rate = 100.0 + 2.0 * t
-            rec = rule.recommend(signals(float(t), 4, request_rate=rate, utilization=rate / 200.0, p99_s=0.05,
-                                         startup_s=startup_s))
+        for t in range(30):  # 40/s per replica holds the SLO: that is the capacity
+            rule.recommend(signals(float(t), 4, request_rate=160.0, inflight=3.2, p99_s=0.05, startup_s=startup_s))
+        for t in range(30, 60):  # a lull
+            rule.recommend(signals(float(t), 4, request_rate=100.0, inflight=3.2, p99_s=0.05, startup_s=startup_s))
+        for t in range(60, 150):
+            rate = 100.0 + 2.0 * (t - 60)
+            rec = rule.recommend(signals(float(t), 4, request_rate=rate, inflight=3.2, startup_s=startup_s))
             if rec.replicas > 4:
                 return t
         raise AssertionError("never scaled up")
@@ -128,12 +127,18 @@ def test_scale_down_is_never_faster_than_hpa() -> None:
     assert pred_desired[-1] < pred_desired[119]  # and down afterwards
 
 
-def test_rising_latency_adds_a_replica_before_the_slo_breaks() -> None:
-    config = replace(CONFIG, predictive=PredictiveConfig(latency_trigger_percent=60.0))
-    rule = PredictiveRule(config)
-    recs = [rule.recommend(signals(float(t), 10, inflight=8.0, p99_s=0.10 + 0.01 * t)) for t in range(8)]
-    assert recs[4].replicas == 10  # 0.14 s: below 60% of the 250 ms SLO
-    assert (recs[5].replicas, recs[5].reason) == (11, "latency_trend")  # 0.15 s and rising
+def test_latency_trending_through_the_slo_within_the_lead_adds_replicas() -> None:
+    rule = PredictiveRule(CONFIG)  # trigger at 80% of 250 ms; lead 5 s + 1 tick
+    recs = [rule.recommend(signals(float(t), 10, inflight=8.0, p99_s=0.105 + 0.02 * t)) for t in range(8)]
+    assert [r.replicas for r in recs[:5]] == [10] * 5  # 185 ms at t=4: below the trigger
+    assert (recs[5].replicas, recs[5].reason) == (11, "latency_trend")  # 205 ms, reaching 325 ms within the lead
+
+
+def test_rising_latency_adds_nothing_while_replicas_are_starting() -> None:
+    rule = PredictiveRule(CONFIG)
+    recs = [rule.recommend(signals(float(t), 10, starting=2, inflight=8.0, p99_s=0.105 + 0.02 * t))
+            for t in range(8)]
+    assert {r.reason for r in recs} <= {"tolerance", "inflight"}
 
 
 def test_flat_high_latency_is_not_a_trend() -> None:
@@ -149,7 +154,7 @@ def test_a_step_is_sized_at_once_from_the_learned_capacity() -> None:
         rule.recommend(signals(float(t), 5, request_rate=rng.gauss(100.0, 10.0), utilization=0.4, p99_s=0.05))
     recs = [rule.recommend(signals(30.0 + t, 5, request_rate=500.0, utilization=1.0, p99_s=0.3)) for t in range(3)]
     assert recs[1].reason == "step"
-    assert recs[1].replicas == pytest.approx(13, abs=1)  # 500/s at 80% of the learned 50/s per replica
+    assert recs[1].replicas == pytest.approx(25, abs=2)  # 500/s at the ~20/s per replica that held the SLO
 
 
 def test_without_capacity_it_is_hpa() -> None:

@@ -15,7 +15,8 @@ lowest, scale down only to the highest recommendation of their windows) and limi
 change). Metrics here: rows queued per replica and rows running per replica (from the replicas' load reports) and
 GPU utilisation, the signals the article scales on.
 
-The replica count the rule scales from is ``FleetSignals.current`` (ready + starting: what the actuator was told,
+The recommendations start with the count found at the first tick, as the HPA controller's do. The replica count
+the rule scales from is ``FleetSignals.current`` (ready + starting: what the actuator was told,
 HPA's ``spec.replicas``); changes of it between ticks are the scale events the policies' periods look back on.
 """
 
@@ -124,7 +125,11 @@ class HpaRule:
         c = self.config
         now = signals.at_s
         current = signals.current
-        if self._current is not None and current != self._current:
+        if self._current is None:
+            # Like the HPA controller meeting a scale target for the first time, start the recommendations with
+            # the count found: a fresh rule shrinks no fleet before its scale-down window has passed.
+            self._history.append((now, current))
+        elif current != self._current:
             self._events.append((now, current - self._current))
         self._current = current
         while self._events and now - self._events[0][0] >= self._period_s:
@@ -138,11 +143,12 @@ class HpaRule:
         detail = "; ".join(f"{s.name} {s.mean:.3g}/replica vs {s.target:.3g} -> {n}" for n, s in wanted)
         reason = top.name if raw != current else "tolerance"
 
-        self._history.append((now, raw))
-        while self._history and now - self._history[0][0] > self._window_s:
+        while self._history and now - self._history[0][0] >= self._window_s:
             self._history.popleft()
-        up_floor = min((r for t, r in self._history if now - t <= c.scale_up_stabilization_s), default=raw)
-        down_ceiling = max((r for t, r in self._history if now - t <= c.scale_down_stabilization_s), default=raw)
+        up_floor = min((r for t, r in self._history if now - t < c.scale_up_stabilization_s), default=raw)
+        down_ceiling = max((r for t, r in self._history if now - t < c.scale_down_stabilization_s), default=raw)
+        up_floor, down_ceiling = min(up_floor, raw), max(down_ceiling, raw)
+        self._history.append((now, raw))
         stabilized = min(max(current, up_floor), down_ceiling)
         if stabilized != raw:
             reason = "stabilized"
