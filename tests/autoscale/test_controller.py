@@ -102,3 +102,16 @@ def test_state_is_json_with_what_the_admin_view_promises() -> None:
 def test_build_rule_refuses_off() -> None:
     with pytest.raises(ValueError, match="off"):
         build_rule(AutoscaleConfig())
+
+
+@pytest.mark.parametrize("rule", ["hpa", "predictive"])
+def test_the_real_rules_scale_from_zero_and_back(rule: str) -> None:
+    scaler = Autoscaler.from_config(AutoscaleConfig(rule=rule, min_replicas=0, max_replicas=4, idle_to_zero_s=30.0))
+    assert scaler.tick(signals(0.0, 0)).desired == 0
+    first = scaler.tick(signals(1.0, 0, held=2, request_rate=2.0))
+    assert (first.desired, first.reason) == (1, "scale_from_zero")
+    assert scaler.tick(signals(2.0, 0, starting=1, held=2, request_rate=2.0)).desired == 1
+    for t in range(3, 20):  # served, then quiet
+        assert scaler.tick(signals(float(t), 1, request_rate=1.0 if t < 10 else 0.0, p99_s=0.05)).desired == 1
+    last = scaler.tick(signals(40.0, 1))
+    assert (last.desired, last.reason) == (0, "idle")
