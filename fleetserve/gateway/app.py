@@ -15,6 +15,7 @@ from aiohttp import web
 from aiohttp.typedefs import Handler, Middleware
 
 from fleetserve.gateway.admin import add_admin_routes
+from fleetserve.gateway.autoscale.scaler import GatewayAutoscaler
 from fleetserve.gateway.balance import Balancer
 from fleetserve.gateway.config import GatewayConfig
 from fleetserve.gateway.edge import app_kwargs
@@ -53,15 +54,17 @@ def _json_errors(metrics: GatewayMetrics, ids: IdGenerator) -> Middleware:
 def build_app(config: GatewayConfig, forwarder: Forwarder, balancer: Balancer, pools: UpstreamPools,
               metrics: GatewayMetrics, guards: EdgeGuards, ids: IdGenerator,
               middlewares: Sequence[Middleware] = (),
-              exposition: Callable[[], Awaitable[bytes]] | None = None) -> web.Application:
+              exposition: Callable[[], Awaitable[bytes]] | None = None,
+              autoscaler: GatewayAutoscaler | None = None) -> web.Application:
     """The application: ``guards``' middlewares outermost, then ``middlewares``, then the routes.
-    ``exposition`` answers ``/metrics`` (default: this process's metrics)."""
+    ``exposition`` answers ``/metrics`` (default: this process's metrics); ``autoscaler`` serves the
+    autoscale routes (404/409 without one)."""
     app = web.Application(
         middlewares=[*guards.middlewares, *middlewares, _json_errors(metrics, ids)],
         **app_kwargs(config.edge.limits),
     )
     forwarding = HttpForwarding(forwarder, pools, metrics, config, ids)
-    add_admin_routes(app, balancer, metrics, exposition or metrics.exposition)
+    add_admin_routes(app, balancer, metrics, exposition or metrics.exposition, autoscaler)
     for path in PROXIED_PATHS:
         app.router.add_route("GET", path, forwarding.handle)
         app.router.add_route("POST", path, forwarding.handle)

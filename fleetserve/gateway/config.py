@@ -3,6 +3,11 @@
 It holds plain values only (backends as ``URL[=WEIGHT]`` strings, key files as paths), so it pickles
 into worker processes unchanged; :meth:`GatewayConfig.endpoints` turns the backends into endpoints.
 
+``autoscale`` (off by default) runs an autoscaling rule in the gateway (:mod:`.autoscale`); with
+``--discovery actuator`` the replicas come from the actuator that carries the rule's decisions out
+(``PUT /gateway/autoscale/members``), and with ``--min-replicas 0`` requests wait for a first replica in a
+bounded queue (``hold_max_requests``, ``hold_timeout_ms``).
+
 ``edge`` configures the edge guards (JWT, rate limits, shedding; input limits always on) of both
 listeners, HTTP and gRPC. Settings that
 two parts read are one setting, written from here into the other part so they can never disagree: the
@@ -14,6 +19,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field, replace
 
+from fleetserve.autoscale.config import AutoscaleConfig
 from fleetserve.eventloop import LOOPS
 from fleetserve.gateway.balance import BalancerConfig
 from fleetserve.gateway.balance.endpoint import Endpoint
@@ -22,7 +28,7 @@ from fleetserve.gateway.forward.hedge import HedgeConfig
 from fleetserve.gateway.forward.upstream import PoolConfig
 from fleetserve.options import option, section
 
-DISCOVERY_KINDS = ("static", "file", "dns")
+DISCOVERY_KINDS = ("static", "file", "dns", "actuator")
 
 
 def _port(name: str, value: int) -> None:
@@ -38,7 +44,8 @@ class GatewayConfig:
     workers: int = option(1, "worker processes sharing the port through SO_REUSEPORT")
     backends: tuple[str, ...] = option((), "a replica, repeatable (static discovery), e.g. http://10.0.0.5:8000=2",
                                        flag="--backend", metavar="URL[=WEIGHT]")
-    discovery: str = option("static", "where the backends come from", choices=DISCOVERY_KINDS)
+    discovery: str = option("static", "where the backends come from (actuator: PUT /gateway/autoscale/members "
+                            "by the autoscaler's actuator)", choices=DISCOVERY_KINDS)
     discovery_file: str | None = option(None, "file of URL[=WEIGHT] lines or a YAML/JSON list, re-read when it "
                                         "changes (--discovery file)", metavar="FILE")
     discovery_poll_s: float = 2.0
@@ -59,10 +66,15 @@ class GatewayConfig:
     backend_grpc_port_offset: int = 1
     health_checks: bool = True
     loop: str = option("auto", "event loop (auto: uvloop if installed)", choices=LOOPS)
+    hold_max_requests: int = option(256, "requests held while no replica is ready (autoscaling with "
+                                    "--min-replicas 0); 503 beyond")
+    hold_timeout_ms: int = option(10_000, "longest a request is held for a first replica (its own deadline may "
+                                  "end the wait sooner); 503 after")
     upstream: PoolConfig = field(default_factory=PoolConfig)
     balancer: BalancerConfig = section(BalancerConfig, "balancing")
     edge: EdgeConfig = field(default_factory=EdgeConfig)
     hedge: HedgeConfig = section(HedgeConfig, "hedging")
+    autoscale: AutoscaleConfig = section(AutoscaleConfig, "autoscaling")
 
     def __post_init__(self) -> None:
         _port("port", self.port)
@@ -84,6 +96,16 @@ class GatewayConfig:
             raise ValueError("file discovery needs --discovery-file PATH")
         if self.discovery == "dns" and not self.dns_name:
             raise ValueError("dns discovery needs --dns-name NAME")
+        if self.discovery == "actuator" and not self.autoscale.enabled:
+            raise ValueError("--discovery actuator takes replicas from the autoscaler's actuator: it needs "
+                             "--autoscale hpa|predictive")
+        if self.autoscale.enabled and self.workers > 1:
+            raise ValueError("--autoscale runs in one gateway process: it needs --workers 1 (each worker would "
+                             "see only its share of the traffic and of the actuator's updates)")
+        if self.hold_max_requests < 1:
+            raise ValueError(f"hold_max_requests must be >= 1, got {self.hold_max_requests}")
+        if self.hold_timeout_ms < 1:
+            raise ValueError(f"hold_timeout_ms must be >= 1, got {self.hold_timeout_ms}")
         for name in ("discovery_poll_s", "dns_interval_s"):
             if not getattr(self, name) > 0:
                 raise ValueError(f"{name} must be > 0, got {getattr(self, name)}")

@@ -26,9 +26,12 @@ from prometheus_client import CollectorRegistry
 
 from fleetserve.gateway import access
 from fleetserve.gateway.app import build_app
+from fleetserve.gateway.autoscale.hold import ReleaseOnReady
+from fleetserve.gateway.autoscale.scaler import GatewayAutoscaler
 from fleetserve.gateway.balance import Balancer, run_discovery
 from fleetserve.gateway.balance.discovery import Discovery, DnsDiscovery, FileDiscovery, Insert
 from fleetserve.gateway.balance.health import run_health_checks
+from fleetserve.gateway.balance.observer import Observers
 from fleetserve.gateway.config import GatewayConfig
 from fleetserve.gateway.edge import server_kwargs
 from fleetserve.gateway.edge.guards import EdgeGuards
@@ -63,6 +66,7 @@ class GatewayHandle:
     port: int
     grpc_port: int | None
     guards: EdgeGuards
+    autoscaler: GatewayAutoscaler | None = None
 
     @property
     def url(self) -> str:
@@ -71,7 +75,8 @@ class GatewayHandle:
 
 
 def make_discovery(config: GatewayConfig) -> Discovery | None:
-    """The dynamic discovery source, or None for static backends (applied once at start)."""
+    """The dynamic discovery source, or None for static backends (applied once at start) and for the
+    actuator's (pushed through the admin routes)."""
     if config.discovery == "file":
         assert config.discovery_file is not None
         return FileDiscovery(config.discovery_file, config.discovery_poll_s)
@@ -107,7 +112,16 @@ async def serve_gateway(
     this one worker of several, whose ``/metrics`` reports them all (:mod:`.scrape`).
     """
     metrics = GatewayMetrics()
-    balancer = Balancer(config.balancer, clock=clock, rng=rng, observer=metrics)
+    observers = Observers(metrics)
+    balancer = Balancer(config.balancer, clock=clock, rng=rng, observer=observers)
+    autoscaler: GatewayAutoscaler | None = None
+    if config.autoscale.enabled:
+        autoscaler = GatewayAutoscaler(config.autoscale, balancer, metrics.registry,
+                                       actuator=config.discovery == "actuator",
+                                       hold_max=config.hold_max_requests,
+                                       hold_timeout_s=config.hold_timeout_ms / 1000.0, clock=clock)
+        if autoscaler.holds is not None:
+            observers.add(ReleaseOnReady(autoscaler.holds))
     upstreams = UpstreamPools(config.upstream, clock=clock)
     channels = GrpcChannels(config.backend_grpc_port_offset, config.max_body_bytes)
     if discovery is None:
@@ -120,6 +134,8 @@ async def serve_gateway(
         background.append(run_discovery(balancer, discovery))
     if config.health_checks:
         background.append(run_health_checks(balancer, readiness_probe(upstreams), config.balancer, clock=clock))
+    if autoscaler is not None:
+        background.append(autoscaler.run())
     tasks = [asyncio.create_task(coro) for coro in background]
     runner: web.AppRunner | None = None
     grpc_server: grpc.aio.Server | None = None
@@ -131,11 +147,13 @@ async def serve_gateway(
         forwarder = Forwarder(balancer, metrics, config.hedge, guards.observer, max_retries=config.max_retries,
                               retry_after=retry_after(config.retry_after_s),
                               overload_retry_after=guards.retry_after,
-                              try_timeout_s=config.per_try_timeout_ms / 1000, clock=clock)
+                              try_timeout_s=config.per_try_timeout_ms / 1000, clock=clock,
+                              signals=None if autoscaler is None else autoscaler.window,
+                              holds=None if autoscaler is None else autoscaler.holds)
         ids = IdGenerator()
         extra = middlewares(metrics.registry) if middlewares else ()
         app = build_app(config, forwarder, balancer, upstreams, metrics, guards, ids, extra,
-                        None if scrape is None else scrape.render)
+                        None if scrape is None else scrape.render, autoscaler)
         # handler_cancellation: a client that hangs up cancels its request's task, and with it the attempt
         # in flight, whose upstream connection closes, so the replica sees the disconnect too.
         runner = web.AppRunner(app, access_log_class=access.access_logger(metrics), access_log=access.LOGGER,
@@ -152,7 +170,7 @@ async def serve_gateway(
                                      max_timeout_s=config.max_request_timeout_ms / 1000.0, ids=ids)
             grpc_server, grpc_port = await start_grpc_server(handler, config.host, config.grpc_port,
                                                              config.edge.limits, reuse_port=reuse_port)
-        yield GatewayHandle(config, balancer, metrics, upstreams, port, grpc_port, guards)
+        yield GatewayHandle(config, balancer, metrics, upstreams, port, grpc_port, guards, autoscaler)
     finally:
         for task in tasks:
             task.cancel()

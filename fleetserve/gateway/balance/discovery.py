@@ -90,7 +90,9 @@ def _index(endpoints: Iterable[Endpoint], source: str) -> dict[str, Endpoint]:
     return by_url
 
 
-def _endpoint_from_item(item: object, where: str) -> Endpoint:
+def endpoint_from_item(item: object, where: str) -> Endpoint:
+    """One backend given as ``URL[=WEIGHT]`` or as a ``{url, weight, labels}`` mapping (ValueError naming
+    ``where``)."""
     if isinstance(item, str):
         return Endpoint.parse(item)
     if isinstance(item, dict):
@@ -116,7 +118,7 @@ def parse_endpoint_list(text: str, source: str = "backends") -> list[Endpoint]:
             raise ValueError(f"{source}: invalid YAML/JSON: {exc}") from None
         if not isinstance(data, list):
             raise ValueError(f"{source}: expected a list of backends, got {type(data).__name__}")
-        return [_endpoint_from_item(item, f"{source} item {i}") for i, item in enumerate(data)]
+        return [endpoint_from_item(item, f"{source} item {i}") for i, item in enumerate(data)]
     endpoints = []
     for number, line in enumerate(text.splitlines(), start=1):
         spec = line.split("#", 1)[0].strip()

@@ -32,3 +32,25 @@ class NullObserver:
 
     def on_state_change(self, ep: Endpoint, state: str) -> None:
         return None
+
+
+class Observers:
+    """Several observers as one, called in the order added (the balancer takes one observer)."""
+
+    def __init__(self, *observers: BalancerObserver) -> None:
+        self._observers = list(observers)
+
+    def add(self, observer: BalancerObserver) -> None:
+        self._observers.append(observer)
+
+    def on_eject(self, ep: Endpoint) -> None:
+        for observer in self._observers:
+            observer.on_eject(ep)
+
+    def on_readmit(self, ep: Endpoint) -> None:
+        for observer in self._observers:
+            observer.on_readmit(ep)
+
+    def on_state_change(self, ep: Endpoint, state: str) -> None:
+        for observer in self._observers:
+            observer.on_state_change(ep, state)

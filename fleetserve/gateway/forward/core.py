@@ -26,8 +26,12 @@ to one replica and how to classify what came back. The core does the rest, the s
   the first answer wins and the
   other attempt is cancelled, which closes its upstream connection (HTTP) or cancels its call (gRPC), so
   that replica stops working on it.
+- **Hold** (scale from zero, :mod:`fleetserve.gateway.autoscale.hold`): with a hold queue, a request that
+  finds no replica at all waits in it, within its deadline, until one is admitted, then picks as usual.
 - **Answers the gateway gives itself**: 503 + ``Retry-After`` when no replica can take the request (every one
-  at its in-flight cap, or none healthy), 504 past the deadline.
+  at its in-flight cap, or none healthy, or none became ready while it was held), 504 past the deadline.
+- **Signals** for the autoscaler (:class:`SignalSink`, optional): one ``arrival()`` per request and one
+  ``observe()`` per attempt a replica answered (its latency, whether it failed, its load report).
 
 A client that goes away cancels the task running :meth:`Forwarder.forward`; the cancellation reaches the
 attempt in flight, which closes its upstream connection or cancels its call the same way.
@@ -41,11 +45,13 @@ from collections.abc import Awaitable, Callable, Coroutine
 from dataclasses import dataclass
 from typing import Any, Generic, Protocol, TypeVar
 
+from fleetserve.gateway.autoscale.hold import Held, HoldQueue
 from fleetserve.gateway.balance import Balancer, Endpoint, RequestContext, Ticket
 from fleetserve.gateway.balance.load import outstanding
 from fleetserve.gateway.edge.metrics import RejectionObserver
 from fleetserve.gateway.forward.hedge import HedgeConfig, Hedger, race
 from fleetserve.gateway.metrics import NO_BACKEND, GatewayMetrics
+from fleetserve.wire import LoadReport, parse_load_report
 
 A = TypeVar("A")
 R = TypeVar("R")
@@ -89,6 +95,14 @@ class Exchange(Protocol[R, A]):
         ...
 
 
+class SignalSink(Protocol):
+    """Where the autoscaler's per-request signals go (:class:`fleetserve.autoscale.window.SignalWindow`)."""
+
+    def arrival(self) -> None: ...
+
+    def observe(self, url: str, latency_s: float, ok: bool, report: LoadReport | None) -> None: ...
+
+
 def _final(outcome: Outcome[Any]) -> bool:
     """An outcome to give the client (not a failure another replica might do better on)."""
     return not outcome.retryable
@@ -99,7 +113,8 @@ class Forwarder:
 
     def __init__(self, balancer: Balancer, metrics: GatewayMetrics, hedge: HedgeConfig, rejections: RejectionObserver,
                  *, max_retries: int, retry_after: str, overload_retry_after: str, try_timeout_s: float = 0.0,
-                 clock: Callable[[], float] = time.monotonic) -> None:
+                 clock: Callable[[], float] = time.monotonic, signals: SignalSink | None = None,
+                 holds: HoldQueue | None = None) -> None:
         self._balancer = balancer
         self._metrics = metrics
         self._hedger = Hedger(hedge)
@@ -109,6 +124,8 @@ class Forwarder:
         self._retry_after = retry_after
         self._overload_retry_after = overload_retry_after
         self._clock = clock
+        self._signals = signals
+        self._holds = holds
 
     @property
     def clock(self) -> Callable[[], float]:
@@ -121,8 +138,15 @@ class Forwarder:
         tried: list[Endpoint] = []
         outcome: Outcome[A] | None = None
         hedge_delay = self._hedger.delay_s(ctx.method, ctx.path)
+        if self._signals is not None:
+            self._signals.arrival()
         for left in range(self._attempts, 0, -1):
             ep = balancer.pick(ctx, tried)
+            if ep is None and outcome is None and self._holds is not None and not balancer.capped():
+                held = await self._hold(ctx, deadline)
+                if isinstance(held, Outcome):
+                    return held
+                ep = held
             if ep is None:
                 if outcome is None:
                     return self._saturated() if balancer.capped(tried) else self._no_replica("")
@@ -155,6 +179,22 @@ class Forwarder:
             # Every replica tried failed before answering: for the client, none was available.
             return self._no_replica(outcome.failure)
         return outcome
+
+    async def _hold(self, ctx: RequestContext, deadline: float) -> Endpoint | Outcome[Any] | None:
+        """Wait in the hold queue while no replica exists; the replica picked once one does (None: every one
+        is at its cap), or the gateway's refusal."""
+        assert self._holds is not None
+        while True:
+            held = await self._holds.hold(deadline)
+            if held is Held.FULL:
+                return Outcome(503, failure=f"no replica is ready yet and {self._holds.capacity} requests are "
+                               "already waiting for one", retry_after=self._retry_after)
+            if held is Held.TIMEOUT:
+                return Outcome(503, failure="no replica became ready while the request waited",
+                               retry_after=self._retry_after)
+            ep = self._balancer.pick(ctx)
+            if ep is not None or self._balancer.capped():
+                return ep
 
     def _try_deadline(self, now: float, deadline: float, attempts_left: int) -> float:
         """When the attempt starting ``now`` is cut, ``attempts_left`` attempts (this one included) being allowed."""
@@ -241,8 +281,12 @@ class Forwarder:
             else:
                 ticket.finish(status=outcome.verdict, connect_error=outcome.connect_error, latency_s=latency,
                               report=outcome.report)
-                if outcome.verdict is not None and outcome.verdict < 500:
-                    self._hedger.observe(ctx.method, ctx.path, latency)
+                verdict = outcome.verdict
+                if verdict is not None:
+                    if verdict < 500:
+                        self._hedger.observe(ctx.method, ctx.path, latency)
+                    if self._signals is not None:
+                        self._signals.observe(ep.url, latency, verdict < 500, parse_load_report(outcome.report))
             self._metrics.observe_attempt(ep.url, latency)
 
     def _no_replica(self, failure: str) -> Outcome[Any]:
