@@ -123,7 +123,8 @@ async def serve_gateway(
         if autoscaler.holds is not None:
             observers.add(ReleaseOnReady(autoscaler.holds))
     upstreams = UpstreamPools(config.upstream, clock=clock)
-    channels = GrpcChannels(config.backend_grpc_port_offset, config.max_body_bytes)
+    channels = GrpcChannels(config.backend_grpc_port_offset, config.max_body_bytes,
+                            drain_s=config.max_request_timeout_ms / 1000.0)
     if discovery is None:
         discovery = make_discovery(config)
         if discovery is None:

@@ -3,10 +3,15 @@
 A replica's gRPC address is its endpoint label ``grpc_port`` if present, else its HTTP port +
 ``port_offset`` (8000 -> 8001). Channels reconnect to a restarted replica within a second (gRPC's default
 backoff grows to two minutes) and never retry on their own: retries are the forwarding core's.
+
+The channel of a replica that left the fleet closes in the background, after its calls in flight finish
+(within ``drain_s``): a replica removed while draining (autoscaling down) must not have its last answers
+cancelled by the gateway.
 """
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import Iterable
 
 import grpc
@@ -28,8 +33,10 @@ def grpc_target(ep: Endpoint, port_offset: int) -> str:
 class GrpcChannels:
     """Channels by replica URL, opened on first use; unary callables cached per (replica, method)."""
 
-    def __init__(self, port_offset: int, max_message_bytes: int) -> None:
+    def __init__(self, port_offset: int, max_message_bytes: int, drain_s: float = 0.0) -> None:
         self._port_offset = port_offset
+        self._drain_s = drain_s
+        self._draining: dict[grpc.aio.Channel, asyncio.Task[None]] = {}
         self._options = [*_CHANNEL_OPTIONS, ("grpc.max_receive_message_length", max_message_bytes),
                          ("grpc.max_send_message_length", max_message_bytes)]
         self._channels: dict[str, grpc.aio.Channel] = {}
@@ -52,12 +59,22 @@ class GrpcChannels:
         return call
 
     async def retain(self, urls: Iterable[str]) -> None:
-        """Close the channels of replicas that left the fleet."""
+        """Close the channels of replicas that left the fleet once their calls in flight finish."""
         keep = set(urls)
         for url in [u for u in self._channels if u not in keep]:
-            await self._channels.pop(url).close()
+            channel = self._channels.pop(url)
+            self._draining[channel] = task = asyncio.create_task(channel.close(self._drain_s))
+            task.add_done_callback(lambda _, channel=channel: self._draining.pop(channel, None))
         for key in [k for k in self._unary if k[0] not in keep]:
             del self._unary[key]
 
     async def close(self) -> None:
-        await self.retain(())
+        """Close every channel now (the gateway is stopping: the calls still in flight belong to requests
+        whose handlers the server cancels, which cancels their calls)."""
+        channels = list(self._channels.values())
+        self._channels.clear()
+        self._unary.clear()
+        await asyncio.gather(*(channel.close() for channel in channels))
+        for task in list(self._draining.values()):
+            task.cancel()
+        await asyncio.gather(*self._draining.values(), return_exceptions=True)

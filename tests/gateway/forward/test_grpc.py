@@ -13,10 +13,10 @@ import pytest
 
 from fleetserve.gateway.balance import BalancerConfig, Endpoint
 from fleetserve.gateway.edge import EdgeConfig, ShedConfig
-from fleetserve.gateway.forward.channels import grpc_target
+from fleetserve.gateway.forward.channels import GrpcChannels, grpc_target
 from fleetserve.gateway.forward.hedge import HedgeConfig
 from fleetserve.telemetry.tracing import parse_traceparent
-from tests.support.grpc_replica import GRPC_INFER, GRPC_STREAM, SERVICE, GrpcFront, StartGrpcFront
+from tests.support.grpc_replica import GRPC_INFER, GRPC_STREAM, SERVICE, GrpcFront, GrpcReplica, StartGrpcFront
 
 ROUND_ROBIN = BalancerConfig(policy="round-robin")
 NO_RETRY_BUDGET = BalancerConfig(policy="round-robin", retry_budget_percent=0.0, retry_min_concurrency=0)
@@ -203,3 +203,26 @@ def test_grpc_target_uses_label_or_port_offset() -> None:
     assert grpc_target(Endpoint.from_url("http://[::1]:8000"), 1) == "[::1]:8001"
     labelled = Endpoint.from_url("http://h:8000", labels={"grpc_port": "9000"})
     assert grpc_target(labelled, 1) == "h:9000"
+
+
+async def test_a_replica_that_leaves_the_fleet_finishes_its_calls_in_flight() -> None:
+    """Draining: the channel of a removed replica closes only after its calls end; closing all the gateway's
+    channels (it stops) does not wait for them."""
+    replica = await GrpcReplica("g0", mode="slow", delay_s=0.3).start()
+    channels = GrpcChannels(0, 1 << 20, drain_s=30.0)
+    ep = Endpoint.from_url(replica.url)
+    try:
+        call = asyncio.ensure_future(channels.unary(ep, GRPC_INFER)(b"x", timeout=10))
+        await wait_for(replica.received)
+        await channels.retain([])
+        assert await call == f"g0|{GRPC_INFER}|x".encode()
+        replica.mode = "hang"
+        stuck = asyncio.ensure_future(channels.unary(ep, GRPC_INFER)(b"y", timeout=10))
+        replica.received.clear()
+        await wait_for(replica.received)
+        await channels.retain([])
+        await asyncio.wait_for(channels.close(), 5.0)  # stopping waits for no drain
+        stuck.cancel()  # as the server cancels the handler that owns the call
+    finally:
+        await channels.close()
+        await replica.stop()
