@@ -156,6 +156,15 @@ def panels(window: str = "5m") -> tuple[Panel, ...]:
         ("Gateway in-flight requests and rate-limit buckets", "short",
          (("sum by (instance) (fleetserve_gateway_inflight_requests)", "in flight {{instance}}"),
           ("sum by (instance, prefix) (fleetserve_gateway_ratelimit_entries)", "buckets {{prefix}} {{instance}}"))),
+        # Autoscaling (the rules run in the gateway; absent while --autoscale is off).
+        ("Autoscaling: desired vs actual replicas", "short",
+         (("max by (rule) (fleetserve_autoscale_desired_replicas)", "desired ({{rule}})"),
+          ("sum by (state) (fleetserve_autoscale_replicas)", "{{state}}"))),
+        ("Autoscaling decisions; requests held at zero replicas", "short",
+         (('sum by (direction, reason) (increase(fleetserve_autoscale_decisions_total{direction!="hold"}'
+           '[$__rate_interval]))', "{{direction}}: {{reason}}"),
+          ("sum(fleetserve_autoscale_held_requests)", "held now"),
+          ("sum by (outcome) (increase(fleetserve_autoscale_holds_total[$__rate_interval]))", "held: {{outcome}}"))),
         # Processes.
         ("Process CPU (cores)", "short",
          (('sum by (component, instance) (rate(process_cpu_seconds_total{job="fleetserve"}[$__rate_interval]))',

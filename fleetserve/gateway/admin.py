@@ -61,4 +61,4 @@ def add_admin_routes(app: web.Application, balancer: Balancer, metrics: GatewayM
     app.router.add_get(METRICS_PATH, metrics_text, allow_head=False)
     app.router.add_get(BACKENDS_PATH, backends, allow_head=False)
     add_autoscale_routes(app, autoscaler)
-    add_dashboard_routes(app, balancer, metrics, balancer.config.policy)
+    add_dashboard_routes(app, balancer, metrics, balancer.config.policy, autoscaler)

@@ -31,8 +31,9 @@ NOT_ON_A_PANEL = {
 
 def _registries() -> list[Any]:
     """The registries of a replica and of a gateway with every optional part on (a rate-limit rule registers
-    its bucket-table gauge, the adaptive concurrency limit its gauges); the NVML gauges are read from their
-    source below. A new metrics object belongs here, or the source scan fails."""
+    its bucket-table gauge, the adaptive concurrency limit its gauges, autoscaling its metrics); the NVML
+    gauges are read from their source below. A new metrics object belongs here, or the source scan fails."""
+    from fleetserve.gateway.autoscale.metrics import AutoscaleMetrics
     from fleetserve.gateway.edge import EdgeConfig, RateLimitRule
     from fleetserve.gateway.edge.config import AdaptiveConcurrencyConfig
     from fleetserve.gateway.edge.guards import EdgeGuards
@@ -43,6 +44,7 @@ def _registries() -> list[Any]:
     gateway = GatewayMetrics().registry
     EdgeGuards.create(EdgeConfig(rate_limits=(RateLimitRule(rate=100.0, burst=10),),
                                  adaptive=AdaptiveConcurrencyConfig(enabled=True)), gateway)
+    AutoscaleMetrics(gateway, "hpa", lambda: 0)
     merged = CollectorRegistry()  # what a --workers N scrape adds to the families above
     merged.register(_Parsed(merge([generate_latest(gateway).decode()] * 2).decode()))
     return [ReplicaMetrics("m").registry, gateway, merged]

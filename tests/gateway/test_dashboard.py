@@ -107,3 +107,42 @@ def test_the_sampler_refuses_inconsistent_windows() -> None:
     with pytest.raises(ValueError, match="window_s"):
         FleetSampler(GatewayMetrics(), Balancer(BalancerConfig()), "x", window_s=0.5,
                      interval_s=1.0)
+
+
+class Scaling:
+    """The autoscaler as the sampler reads it."""
+
+    def __init__(self) -> None:
+        self.view: dict[str, object] = {"rule": "hpa", "desired": None, "ready": None, "starting": None,
+                                        "draining": None, "held": 0}
+
+    def summary(self) -> dict[str, object]:
+        return self.view
+
+
+def test_frames_and_points_show_desired_vs_actual_replicas_when_autoscaling() -> None:
+    clock = FakeClock(1000.0)
+    metrics = GatewayMetrics()
+    balancer = Balancer(BalancerConfig(), clock=clock, observer=metrics)
+    balancer.apply(Insert(A))
+    scaling = Scaling()
+    sampler = FleetSampler(metrics, balancer, "p2c-peak-ewma", clock=clock, autoscale=scaling)
+    assert sampler.tick()["autoscale"] == {"mode": "hpa", "desired": None, "actual": None, "healthy": 1,
+                                           "starting": None, "draining": None, "held": 0}
+    scaling.view = {"rule": "hpa", "desired": 3, "ready": 1, "starting": 2, "draining": 0, "held": 4}
+    clock.now += 1.0
+    frame = sampler.tick()
+    assert frame["autoscale"] == {"mode": "hpa", "desired": 3, "actual": 1, "healthy": 1, "starting": 2,
+                                  "draining": 0, "held": 4}
+    points = sampler.payload()["points"]
+    assert isinstance(points, list)
+    assert [(p["desired"], p["actual"]) for p in points] == [(None, None), (3, 1)]
+
+
+def test_without_an_autoscaler_the_points_carry_the_replica_count() -> None:
+    clock = FakeClock(1000.0)
+    _, _, sampler = _fleet(clock)
+    sampler.tick()
+    points = sampler.payload()["points"]
+    assert isinstance(points, list)
+    assert (points[-1]["desired"], points[-1]["actual"]) == (None, 2)

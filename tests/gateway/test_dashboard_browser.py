@@ -1,6 +1,7 @@
 """The dashboard in a real browser: headless Chromium opens ``/dashboard`` of a real gateway process in front
-of two real ``tiny`` replicas under light load, and sees the replica rows, both charts drawn and a killed
-replica leave the healthy state. Saves ``out/dashboard.png`` (the README's screenshot comes from here)."""
+of two real ``tiny`` replicas under light load, and sees the replica rows, the charts drawn (the replicas
+chart: the ready count, autoscaling off) and a killed replica leave the healthy state. Saves
+``out/dashboard.png`` (the README's screenshot comes from here)."""
 
 from __future__ import annotations
 
@@ -73,7 +74,7 @@ async def test_the_dashboard_shows_a_live_fleet_in_chromium(chromium: str) -> No
                 rows = await rows_by_url(page)
                 assert set(rows) == {first.url, second.url}
                 assert all(cells[1].startswith("healthy") for cells in rows.values()), rows
-                for chart in ("traffic", "latency"):
+                for chart in ("traffic", "latency", "scaling"):
                     assert int(await page.evaluate(f"document.getElementById('{chart}').dataset.points")) >= 2
                     assert await page.evaluate(_INKED_PIXELS % json.dumps(chart)) > 500
                 assert float(await page.evaluate("document.getElementById('rps').innerText")) > 0

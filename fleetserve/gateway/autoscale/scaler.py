@@ -110,6 +110,14 @@ class GatewayAutoscaler:
         with contextlib.suppress(TimeoutError):
             await asyncio.wait_for(self._changed.wait(), timeout_s)
 
+    def summary(self) -> dict[str, object]:
+        """The dashboard's view: the rule, the desired count, the fleet the last tick saw, requests held now."""
+        signals = None if self.last is None else self.last.signals
+        return {"rule": self.config.rule, "desired": self.desired,
+                "ready": None if signals is None else signals.ready,
+                "starting": None if signals is None else signals.starting,
+                "draining": None if signals is None else signals.draining, "held": self.held}
+
     def state(self) -> dict[str, Any]:
         """The body of ``GET /gateway/autoscale``: the controller's state, the hold queue, the members."""
         state = self.autoscaler.state()

@@ -18,7 +18,7 @@ from importlib import resources
 
 from aiohttp import web
 
-from fleetserve.gateway.dashboard.sampler import FleetSampler, FleetState
+from fleetserve.gateway.dashboard.sampler import AutoscaleView, FleetSampler, FleetState
 from fleetserve.gateway.metrics import GatewayMetrics
 
 DASHBOARD_PATH = "/dashboard"
@@ -46,9 +46,10 @@ def _since(text: str | None) -> float | None:
     return value
 
 
-def add_dashboard_routes(app: web.Application, fleet: FleetState, metrics: GatewayMetrics, policy: str) -> None:
+def add_dashboard_routes(app: web.Application, fleet: FleetState, metrics: GatewayMetrics, policy: str,
+                         autoscale: AutoscaleView | None = None) -> None:
     """Serve the dashboard from ``app`` and run its sampler for the application's lifetime."""
-    sampler = FleetSampler(metrics, fleet, policy)
+    sampler = FleetSampler(metrics, fleet, policy, autoscale=autoscale)
     app[_SAMPLER_KEY] = sampler
     page = _asset("index.html")
     assets = {name: (_asset(name), content_type) for name, content_type in _ASSETS.items()}

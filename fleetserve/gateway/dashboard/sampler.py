@@ -29,7 +29,7 @@ from prometheus_client.metrics_core import Metric
 from fleetserve.gateway.metrics import NO_BACKEND, GatewayMetrics
 
 _REJECTED = "fleetserve_gateway_rejected_total"
-# What the page shows until an autoscaler reports to the gateway.
+# The mode the page shows for a gateway without an autoscaler.
 AUTOSCALE_OFF = "off"
 
 
@@ -43,6 +43,14 @@ class FleetState(Protocol):
     def active_requests(self) -> int: ...
 
     def snapshot(self) -> list[dict[str, object]]: ...
+
+
+class AutoscaleView(Protocol):
+    """What the sampler reads of the gateway's autoscaler (``GatewayAutoscaler`` satisfies it)."""
+
+    def summary(self) -> dict[str, object]:
+        """``rule``, ``desired`` (None before the first tick), ``ready``, ``starting``, ``draining``, ``held``."""
+        ...
 
 
 def quantile(q: float, bounds: Sequence[float], cumulative: Sequence[float]) -> float | None:
@@ -138,12 +146,14 @@ class FleetSampler:
 
     def __init__(self, metrics: GatewayMetrics, fleet: FleetState, policy: str, *,
                  window_s: float = 5.0, history_s: float = 120.0, interval_s: float = 1.0,
-                 clock: Callable[[], float] = time.monotonic, wall: Callable[[], float] = time.time) -> None:
+                 clock: Callable[[], float] = time.monotonic, wall: Callable[[], float] = time.time,
+                 autoscale: AutoscaleView | None = None) -> None:
         if not 0 < interval_s <= window_s <= history_s:
             raise ValueError("need 0 < interval_s <= window_s <= history_s")
         self._metrics = metrics
         self._fleet = fleet
         self._policy = policy
+        self._autoscale = autoscale
         # Both latency histograms share their bounds; the last bucket is +Inf.
         self._bounds = [*metrics.request_duration.bounds, math.inf]
         self._window = window_s
@@ -159,6 +169,7 @@ class FleetSampler:
         base = self._base(reading.at)
         self._readings.append(reading)
         rows, fleet = self._replicas(reading, base), self._totals(reading, base)
+        scaling = self._scaling(rows)
         self._frame = {
             "t": round(reading.wall, 3),
             "window_s": round(reading.at - base.at, 3) if base is not None else 0.0,
@@ -168,12 +179,23 @@ class FleetSampler:
             "active_requests": self._fleet.active_requests,
             "fleet": fleet,
             "replicas": rows,
-            "autoscale": {"mode": AUTOSCALE_OFF, "desired": None, "actual": len(rows),
-                          "healthy": sum(1 for row in rows if row["state"] == "healthy")},
+            "autoscale": scaling,
         }
         self._points.append({"t": self._frame["t"], "rps": fleet["rps"], "p50_ms": fleet["p50_ms"],
-                             "p99_ms": fleet["p99_ms"], "replicas": {row["url"]: row["rps"] for row in rows}})
+                             "p99_ms": fleet["p99_ms"], "replicas": {row["url"]: row["rps"] for row in rows},
+                             "desired": scaling["desired"], "actual": scaling["actual"]})
         return self._frame
+
+    def _scaling(self, rows: list[dict[str, object]]) -> dict[str, Any]:
+        """Desired vs actual replicas: the autoscaler's count and the replicas it saw ready (without one, the
+        replicas the balancer has)."""
+        healthy = sum(1 for row in rows if row["state"] == "healthy")
+        if self._autoscale is None:
+            return {"mode": AUTOSCALE_OFF, "desired": None, "actual": len(rows), "healthy": healthy}
+        summary = self._autoscale.summary()
+        return {"mode": summary["rule"], "desired": summary["desired"], "actual": summary["ready"],
+                "healthy": healthy, "starting": summary["starting"], "draining": summary["draining"],
+                "held": summary["held"]}
 
     def _base(self, now: float) -> Reading | None:
         """The newest earlier reading about ``window_s`` old (half a tick of timer jitter allowed), else the

@@ -12,6 +12,7 @@ cancelled by the gateway.
 from __future__ import annotations
 
 import asyncio
+import functools
 from collections.abc import Iterable
 
 import grpc
@@ -64,9 +65,12 @@ class GrpcChannels:
         for url in [u for u in self._channels if u not in keep]:
             channel = self._channels.pop(url)
             self._draining[channel] = task = asyncio.create_task(channel.close(self._drain_s))
-            task.add_done_callback(lambda _, channel=channel: self._draining.pop(channel, None))
+            task.add_done_callback(functools.partial(self._closed, channel))
         for key in [k for k in self._unary if k[0] not in keep]:
             del self._unary[key]
+
+    def _closed(self, channel: grpc.aio.Channel, task: asyncio.Task[None]) -> None:
+        self._draining.pop(channel, None)
 
     async def close(self) -> None:
         """Close every channel now (the gateway is stopping: the calls still in flight belong to requests

@@ -54,6 +54,9 @@ async def test_members_put_by_the_actuator_take_traffic(replicas: StartReplicas,
     assert state["members"] == {"ready": [a.url, b.url], "starting": [c.url], "draining": [], "startup_s": 0.8}
     assert {"desired", "ready", "starting", "draining", "held", "signals", "decisions"} <= state.keys()
     assert state["signals"]["startup_s"] == 0.8
+    async with client.get(gw.url + "/gateway/fleet") as res:
+        scaling = (await res.json())["frame"]["autoscale"]
+    assert scaling["mode"] == "hpa"  # the dashboard shows desired vs actual
     async with client.get(gw.url + "/metrics") as res:
         text = await res.text()
     assert 'fleetserve_autoscale_desired_replicas{rule="hpa"}' in text

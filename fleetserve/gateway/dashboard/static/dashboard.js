@@ -1,5 +1,5 @@
 // The fleet dashboard: polls gateway/fleet once a second, fills the tiles and the replica table, and draws
-// two small canvas charts from the kept points. No dependencies; served by the gateway itself.
+// three small canvas charts from the kept points (traffic per replica, latency, desired vs ready replicas). No dependencies; served by the gateway itself.
 "use strict";
 
 const HISTORY_S = 120;
@@ -97,13 +97,21 @@ function render(body) {
   $("hedges").textContent = `${fmt(fl.hedges_won_ps)} / ${fmt(fl.hedges_lost_ps)}`;
   $("rejected").textContent = fmt(fl.rejected_ps);
   const a = f.autoscale;
-  $("autoscale").textContent = a.mode === "off" ? `off / ${a.actual}` : `${a.desired} / ${a.actual}`;
+  let scaling = a.mode === "off" ? `off / ${a.actual}` : `${a.desired ?? "–"} / ${a.actual ?? "–"}`;
+  if (a.starting) scaling += ` (+${a.starting} starting)`;
+  if (a.draining) scaling += ` (${a.draining} draining)`;
+  if (a.held) scaling += ` · ${a.held} held`;
+  $("autoscale").textContent = scaling;
   const urls = f.replicas.map((r) => r.url).sort();
   $("replicas").replaceChildren(...f.replicas.map((r) => row(r, urls)));
   draw($("traffic"), urls.map((u) => ({color: colorOf(urls, u), values: points.map((p) => [p.t, p.replicas[u] ?? null])})), f.t);
   draw($("latency"), [
     {color: "#2b6cb0", values: points.map((p) => [p.t, p.p50_ms])},
     {color: "#c05621", values: points.map((p) => [p.t, p.p99_ms])},
+  ], f.t);
+  draw($("scaling"), [
+    {color: "#6b46c1", values: points.map((p) => [p.t, p.desired ?? null])},
+    {color: "#2f855a", values: points.map((p) => [p.t, p.actual ?? null])},
   ], f.t);
   const when = new Date(f.t * 1000).toLocaleTimeString();
   $("status").textContent = `updated ${when} · rates and quantiles over ${fmt(f.window_s, 0)} s · gateway pid ${f.pid}`;
