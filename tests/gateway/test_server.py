@@ -91,6 +91,12 @@ def test_cli_options_become_the_config() -> None:
     assert (config.balancer.health_interval_s, config.balancer.slow_start_s) == (0.5, 30.0)
     dns = config_from_args("--discovery", "dns", "--dns-name", "replicas.svc", "--dns-port", "8000")
     assert (dns.discovery, dns.dns_name, dns.dns_port) == ("dns", "replicas.svc", 8000)
+    assert not dns.autoscale.enabled  # off by default
+    scaled = config_from_args("--discovery", "actuator", "--autoscale", "predictive", "--min-replicas", "0",
+                              "--max-replicas", "6", "--hold-max-requests", "32", "--hold-timeout-ms", "4000")
+    assert (scaled.autoscale.rule, scaled.autoscale.min_replicas, scaled.autoscale.max_replicas) == ("predictive", 0, 6)
+    assert (scaled.discovery, scaled.backends, scaled.hold_max_requests, scaled.hold_timeout_ms) == (
+        "actuator", (), 32, 4000)
 
 
 @pytest.mark.parametrize(
@@ -98,7 +104,14 @@ def test_cli_options_become_the_config() -> None:
     [((), "at least one --backend"), (("--discovery", "file"), "--discovery-file"),
      (("--backend", "https://a:1"), "only http://"), (("--backend", "http://a:1=x"), "weight .x. is not a number"),
      (("--backend", "http://a:1", "--workers", "2", "--port", "0"), "explicit --port"),
-     (("--backend", "http://a:1", "--health-interval", "0"), "health_interval_s")],
+     (("--backend", "http://a:1", "--health-interval", "0"), "health_interval_s"),
+     (("--discovery", "actuator"), "needs --autoscale"),
+     (("--discovery", "actuator", "--autoscale", "hpa", "--backend", "http://a:1"),
+      "only used with --discovery static"),
+     (("--backend", "http://a:1", "--autoscale", "hpa", "--workers", "2", "--port", "9"), "needs --workers 1"),
+     (("--discovery", "actuator", "--autoscale", "hpa", "--hold-max-requests", "0"), "hold_max_requests"),
+     (("--discovery", "actuator", "--autoscale", "hpa", "--min-replicas", "3", "--max-replicas", "2"),
+      "min_replicas <= max_replicas")],
 )
 def test_cli_errors_name_the_problem(argv: tuple[str, ...], message: str) -> None:
     with pytest.raises(ValueError, match=message):
