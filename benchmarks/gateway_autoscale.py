@@ -25,7 +25,7 @@ from typing import Any
 from fleetserve.autoscale.window import Membership, SignalWindow
 from fleetserve.gateway.balance import Balancer, BalancerConfig, Endpoint, Insert, RequestContext
 from fleetserve.gateway.edge.metrics import NullObserver
-from fleetserve.gateway.forward.core import Forwarder, Outcome, SignalSink
+from fleetserve.gateway.forward.core import Forwarder, Outcome
 from fleetserve.gateway.forward.hedge import HedgeConfig
 from fleetserve.gateway.metrics import GatewayMetrics
 from fleetserve.wire import encode_load_report, parse_load_report
@@ -56,7 +56,7 @@ class InMemory:
         raise error
 
 
-def forwarder(signals: SignalSink | None) -> Forwarder:
+def forwarder(signals: SignalWindow | None) -> Forwarder:
     metrics = GatewayMetrics()
     balancer = Balancer(BalancerConfig(), rng=random.Random(1), observer=metrics)
     for url in URLS:

@@ -10,6 +10,9 @@ Three wings, the way tower separates balance / load / discover:
   and gRPC adapters, the upstream keep-alive pool and hedging;
 - :mod:`.edge` — the guards (input limits, shedding, JWT, rate limits) of both listeners, and the listeners.
 
+Beside them, :mod:`.autoscale` runs the autoscaling rules (:mod:`fleetserve.autoscale`) on what the forwarding
+core sees, takes the fleet an actuator pushes, and holds requests while no replica exists (scale from zero).
+
 At the top: :mod:`.command` (``fleetserve gateway``), :mod:`.config`, :mod:`.server` (wires one gateway
 process together; ``--workers N`` processes), :mod:`.app` (the HTTP routes), :mod:`.admin` and
 :mod:`.metrics`.

@@ -75,6 +75,12 @@ class HoldQueue:
                 self._waiting.remove(waiter)
         return self._end(Held.RELEASED)
 
+    def refusal(self, how: Held) -> str:
+        """Why a request that ended its wait ``how`` (FULL or TIMEOUT) is refused, for its 503."""
+        if how is Held.FULL:
+            return f"no replica is ready yet and {self.capacity} requests are already waiting for one"
+        return "no replica became ready while the request waited"
+
     def release(self) -> int:
         """Wake every waiting request, oldest first (their tasks resume in this order); how many."""
         count = 0

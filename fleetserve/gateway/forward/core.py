@@ -30,8 +30,8 @@ to one replica and how to classify what came back. The core does the rest, the s
   finds no replica at all waits in it, within its deadline, until one is admitted, then picks as usual.
 - **Answers the gateway gives itself**: 503 + ``Retry-After`` when no replica can take the request (every one
   at its in-flight cap, or none healthy, or none became ready while it was held), 504 past the deadline.
-- **Signals** for the autoscaler (:class:`SignalSink`, optional): one ``arrival()`` per request and one
-  ``observe()`` per attempt a replica answered (its latency, whether it failed, its load report).
+- **Signals** for the autoscaler (optional, a :class:`~fleetserve.autoscale.window.SignalWindow`): one
+  ``arrival()`` per request, one ``observe()`` per attempt a replica answered (latency, failed, load report).
 
 A client that goes away cancels the task running :meth:`Forwarder.forward`; the cancellation reaches the
 attempt in flight, which closes its upstream connection or cancels its call the same way.
@@ -45,13 +45,14 @@ from collections.abc import Awaitable, Callable, Coroutine
 from dataclasses import dataclass
 from typing import Any, Generic, Protocol, TypeVar
 
+from fleetserve.autoscale.window import SignalWindow
 from fleetserve.gateway.autoscale.hold import Held, HoldQueue
 from fleetserve.gateway.balance import Balancer, Endpoint, RequestContext, Ticket
 from fleetserve.gateway.balance.load import outstanding
 from fleetserve.gateway.edge.metrics import RejectionObserver
 from fleetserve.gateway.forward.hedge import HedgeConfig, Hedger, race
 from fleetserve.gateway.metrics import NO_BACKEND, GatewayMetrics
-from fleetserve.wire import LoadReport, parse_load_report
+from fleetserve.wire import parse_load_report
 
 A = TypeVar("A")
 R = TypeVar("R")
@@ -95,14 +96,6 @@ class Exchange(Protocol[R, A]):
         ...
 
 
-class SignalSink(Protocol):
-    """Where the autoscaler's per-request signals go (:class:`fleetserve.autoscale.window.SignalWindow`)."""
-
-    def arrival(self) -> None: ...
-
-    def observe(self, url: str, latency_s: float, ok: bool, report: LoadReport | None) -> None: ...
-
-
 def _final(outcome: Outcome[Any]) -> bool:
     """An outcome to give the client (not a failure another replica might do better on)."""
     return not outcome.retryable
@@ -113,7 +106,7 @@ class Forwarder:
 
     def __init__(self, balancer: Balancer, metrics: GatewayMetrics, hedge: HedgeConfig, rejections: RejectionObserver,
                  *, max_retries: int, retry_after: str, overload_retry_after: str, try_timeout_s: float = 0.0,
-                 clock: Callable[[], float] = time.monotonic, signals: SignalSink | None = None,
+                 clock: Callable[[], float] = time.monotonic, signals: SignalWindow | None = None,
                  holds: HoldQueue | None = None) -> None:
         self._balancer = balancer
         self._metrics = metrics
@@ -184,17 +177,11 @@ class Forwarder:
         """Wait in the hold queue while no replica exists; the replica picked once one does (None: every one
         is at its cap), or the gateway's refusal."""
         assert self._holds is not None
-        while True:
-            held = await self._holds.hold(deadline)
-            if held is Held.FULL:
-                return Outcome(503, failure=f"no replica is ready yet and {self._holds.capacity} requests are "
-                               "already waiting for one", retry_after=self._retry_after)
-            if held is Held.TIMEOUT:
-                return Outcome(503, failure="no replica became ready while the request waited",
-                               retry_after=self._retry_after)
+        while (held := await self._holds.hold(deadline)) is Held.RELEASED:
             ep = self._balancer.pick(ctx)
             if ep is not None or self._balancer.capped():
                 return ep
+        return Outcome(503, failure=self._holds.refusal(held), retry_after=self._retry_after)
 
     def _try_deadline(self, now: float, deadline: float, attempts_left: int) -> float:
         """When the attempt starting ``now`` is cut, ``attempts_left`` attempts (this one included) being allowed."""
