@@ -162,3 +162,11 @@ def test_without_capacity_it_is_hpa() -> None:
     for t in range(5):
         s = signals(float(t), 2, queue_depth=40.0)
         assert rule.recommend(s).replicas == hpa.recommend(s).replicas
+
+
+def test_ticks_sparser_than_the_trend_window_needs_still_forecast() -> None:
+    config = replace(CONFIG, interval_s=15.0)  # the simulator's default interval: one point per short span
+    rule = PredictiveRule(config)
+    for t in range(0, 300, 15):
+        rec = rule.recommend(signals(float(t), 4, request_rate=100.0 + t, inflight=3.2, p99_s=0.05))
+    assert rec.replicas >= 4 and rule.capacity is not None

@@ -85,13 +85,13 @@ class _Series:
             self.points.popleft()
 
     def keep_above(self, threshold: float) -> None:
-        """Keep only the trailing samples above ``threshold``."""
+        """Keep only the trailing samples above ``threshold`` (at least the last one)."""
         kept = 0
         for _, value in reversed(self.points):
             if value <= threshold:
                 break
             kept += 1
-        while len(self.points) > kept:
+        while len(self.points) > max(kept, 1):
             self.points.popleft()
 
     def fit(self, now: float, span_s: float | None = None) -> tuple[float, float, float]:
@@ -99,6 +99,8 @@ class _Series:
         last ``span_s`` (all). The error is least squares' for that spread of times, with the residuals' scale
         taken robustly (1.4826 x their median absolute deviation)."""
         points = [(t, v) for t, v in self.points if span_s is None or now - t <= span_s]
+        if len(points) < 2:  # no line: flat at the last value
+            return 0.0, points[-1][1] if points else 0.0, math.inf
         x = np.fromiter((t - now for t, _ in points), float, len(points))
         y = np.fromiter((v for _, v in points), float, len(points))
         slope, level = theil_sen(x, y)  # x is relative to now: the intercept is the level now
