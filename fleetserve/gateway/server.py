@@ -82,7 +82,8 @@ def make_discovery(config: GatewayConfig) -> Discovery | None:
         return FileDiscovery(config.discovery_file, config.discovery_poll_s)
     if config.discovery == "dns":
         assert config.dns_name is not None
-        return DnsDiscovery(config.dns_name, config.dns_port, config.dns_interval_s)
+        return DnsDiscovery(config.dns_name, config.dns_port, config.dns_interval_s,
+                            allow_empty=config.autoscale.enabled and config.autoscale.min_replicas == 0)
     return None
 
 

@@ -187,6 +187,10 @@ class FileDiscovery:
             await self._sleep(self._interval)
 
 
+# getaddrinfo's answers for a name with no address (NXDOMAIN, or a name without A/AAAA records).
+_NO_ADDRESS = {socket.EAI_NONAME, getattr(socket, "EAI_NODATA", socket.EAI_NONAME)}
+
+
 async def system_resolver(hostname: str) -> list[str]:
     """All addresses ``hostname`` resolves to, through the system resolver (getaddrinfo)."""
     infos = await asyncio.get_running_loop().getaddrinfo(hostname, None, type=socket.SOCK_STREAM)
@@ -194,7 +198,13 @@ async def system_resolver(hostname: str) -> list[str]:
 
 
 class DnsDiscovery:
-    """One endpoint per address of ``hostname``, re-resolved every ``interval`` seconds."""
+    """One endpoint per address of ``hostname``, re-resolved every ``interval`` seconds.
+
+    A failed lookup keeps the last answer (a DNS blip must not empty the fleet). With ``allow_empty`` (a
+    gateway that scales from zero), the resolver's "no such name / no address" — what a headless Service
+    with no ready pod answers — empties it, so the gateway holds requests for the first replica instead of
+    routing to addresses that are gone.
+    """
 
     def __init__(
         self,
@@ -205,6 +215,7 @@ class DnsDiscovery:
         resolver: Resolver = system_resolver,
         scheme: str = "http",
         sleep: Sleep = asyncio.sleep,
+        allow_empty: bool = False,
     ) -> None:
         if not hostname:
             raise ValueError("DNS discovery needs a hostname")
@@ -220,6 +231,7 @@ class DnsDiscovery:
         self._resolver = resolver
         self._scheme = scheme
         self._sleep = sleep
+        self._allow_empty = allow_empty
         self._current: dict[str, Endpoint] = {}
 
     def _endpoint(self, address: str) -> Endpoint:
@@ -230,6 +242,12 @@ class DnsDiscovery:
         """Resolve now; the events against the last answer (none on failure or an empty answer)."""
         try:
             addresses = await self._resolver(self.hostname)
+        except socket.gaierror as exc:
+            if not (self._allow_empty and exc.errno in _NO_ADDRESS):
+                log.warning("DNS discovery keeps %d backends: resolving %s failed: %s", len(self._current),
+                            self.hostname, exc)
+                return []
+            addresses = []
         except OSError as exc:
             log.warning(
                 "DNS discovery keeps %d backends: resolving %s failed: %s",
@@ -240,6 +258,10 @@ class DnsDiscovery:
             return []
         # Link-local IPv6 with a zone id cannot be put in a URL host; pods never get one.
         usable = [a for a in addresses if "%" not in a][:MAX_ENDPOINTS]
+        if not usable and self._allow_empty:
+            events = diff(self._current, {})
+            self._current = {}
+            return events
         if not usable:
             log.warning("DNS discovery keeps %d backends: %s has no addresses", len(self._current), self.hostname)
             return []

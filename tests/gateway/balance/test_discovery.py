@@ -1,6 +1,7 @@
 import asyncio
 import json
 import os
+import socket
 from collections.abc import Sequence
 from pathlib import Path
 
@@ -171,6 +172,21 @@ async def test_dns_discovery_one_endpoint_per_address() -> None:
         "Remove http://10.1.0.6:8000",
     ]
     assert resolver.asked == ["replicas.ns.svc.cluster.local"] * 5
+
+
+async def test_dns_discovery_that_may_be_empty_empties_on_no_such_name_only() -> None:
+    no_name = socket.gaierror(socket.EAI_NONAME, "Name or service not known")
+    timeout = socket.gaierror(socket.EAI_AGAIN, "Temporary failure in name resolution")
+    resolver = FakeResolver([["10.1.0.4"], timeout, no_name, ["10.1.0.5"], []])
+    disc = DnsDiscovery("replicas", 8000, resolver=resolver, allow_empty=True)
+    assert summary(await disc.resolve_once()) == ["Insert http://10.1.0.4:8000"]
+    assert await disc.resolve_once() == []  # a resolver failure keeps the set
+    assert summary(await disc.resolve_once()) == ["Remove http://10.1.0.4:8000"]  # no pod ready: none
+    assert summary(await disc.resolve_once()) == ["Insert http://10.1.0.5:8000"]
+    assert summary(await disc.resolve_once()) == ["Remove http://10.1.0.5:8000"]
+    strict = DnsDiscovery("replicas", 8000, resolver=FakeResolver([["10.1.0.4"], no_name]))
+    await strict.resolve_once()
+    assert await strict.resolve_once() == []  # without allow_empty, no answer keeps the set
 
 
 async def test_dns_discovery_iterates_and_sleeps_between_resolutions() -> None:
