@@ -52,7 +52,8 @@ def test_every_file_parses_and_the_stream_holds_the_base() -> None:
     assert kustomization["resources"] == list(BASE_FILES)
     for component, names in COMPONENTS.items():
         listed = yaml.safe_load(files[f"components/{component}/kustomization.yaml"])
-        assert {*listed.get("resources", []), *(p["path"] for p in listed.get("patches", []))} == set(names[1:])
+        files_patched = (p["path"] for p in listed.get("patches", []) if "path" in p)  # inline patches name no file
+        assert {*listed.get("resources", []), *files_patched} == set(names[1:])
     kinds = sorted(d["kind"] for d in docs(manifests(K8sConfig())))
     assert kinds == sorted(["ConfigMap", "Deployment", "Deployment", "Service", "Service", "PodDisruptionBudget",
                             "PodDisruptionBudget", "NetworkPolicy"])
@@ -245,6 +246,15 @@ def test_cpu_overlay_scales_on_queue_depth_and_the_gateways_recommendation(kubec
     assert hpa["behavior"]["scaleDown"]["policies"] == [{"type": "Pods", "value": 1, "periodSeconds": 60}]
     assert {("PodMonitor", "fleetserve-replica"), ("ServiceMonitor", "fleetserve-gateway"),
             ("PrometheusRule", "fleetserve")} <= objects.keys()
+    auto = _gateway_options(objects).gateway.autoscale  # what makes the External metric exist
+    assert (auto.rule, auto.min_replicas, auto.max_replicas) == ("predictive", 2, 10)
+
+
+def _gateway_options(objects: Objects) -> Any:
+    """The gateway's options as the real CLI parses the rendered container's arguments."""
+    (container,) = objects[("Deployment", "fleetserve-gateway")]["spec"]["template"]["spec"]["containers"]
+    assert container["command"] == ["fleetserve"] and container["args"][0] == "gateway"
+    return _options("gateway", *container["args"][1:], env=_env(objects, container))
 
 
 @pytest.mark.parametrize("accel", [WHOLE_GPU, mig_slice("1g.18gb"), mig_slice("3g.71gb")], ids=lambda a: a.overlay)
@@ -265,7 +275,7 @@ def test_gpu_overlays_run_the_gpu_image_with_their_settings(kubectl_bin: str, tr
                ["spec"]["metrics"] if m["type"] == "Pods"]
     gpu_metric = ["fleetserve_gpu_utilization_ratio"] if accel.whole else []
     assert metrics == ["fleetserve_queue_depth", *gpu_metric]
-    cpu = by_kind_name(kustomize(kubectl_bin, tree / "base"))
+    cpu = by_kind_name(kustomize(kubectl_bin, tree / "overlays" / "cpu"))
     assert objects[("Deployment", "fleetserve-gateway")] == cpu[("Deployment", "fleetserve-gateway")]
 
 
@@ -275,7 +285,9 @@ def test_keda_overlay_scales_to_zero_from_a_shared_cache(kubectl_bin: str, tree:
     scaled = objects[("ScaledObject", "fleetserve-replica")]["spec"]
     assert scaled["minReplicaCount"] == 0 and scaled["scaleTargetRef"]["name"] == "fleetserve-replica"
     triggers = {t["name"]: t["metadata"] for t in scaled["triggers"]}
-    assert "fleetserve_gateway_inflight_requests" in triggers["gateway-held-requests"]["query"]
+    assert "fleetserve_autoscale_held_requests" in triggers["gateway-held-requests"]["query"]
+    gateway = _gateway_options(objects).gateway  # the activator: holds requests at zero replicas
+    assert (gateway.autoscale.rule, gateway.autoscale.min_replicas, gateway.discovery) == ("predictive", 0, "dns")
     assert all(t["activationThreshold"] == "0" for t in triggers.values())
     assert all('namespace="fleetserve", fleet="fleetserve"' in t["query"] for t in triggers.values())
     volumes = {v["name"]: v for v in _replica_pod(objects)["spec"]["volumes"]}
