@@ -20,7 +20,9 @@ StartReplicas = Callable[[int], Awaitable[list[FakeReplica]]]
 StartRaw = Callable[[Handler], Awaitable[RawServer]]
 INFER = "/v2/models/m/infer"
 ROUND_ROBIN = BalancerConfig(policy="round-robin")
-EAGER = HedgeConfig(percentile=99, min_samples=10, window=16, max_extra_percent=100, burst=5, min_delay_ms=20)
+# A hedge waits at least 300 ms, far above a warm-up request's latency even on a loaded 2-core box, so only
+# the stalls the tests make are hedged (at 20 ms, warm-up requests were, shifting round-robin and counters).
+EAGER = HedgeConfig(percentile=99, min_samples=10, window=16, max_extra_percent=100, burst=5, min_delay_ms=300)
 
 
 async def infer(client: aiohttp.ClientSession, url: str, path: str = INFER) -> tuple[int, dict[str, object], float]:
@@ -71,7 +73,7 @@ async def test_a_stalled_replica_is_hedged_and_the_fast_copy_answers(replicas: S
 async def test_no_hedge_without_budget(replicas: StartReplicas, gateway: StartGateway,
                                        client: aiohttp.ClientSession) -> None:
     slow, fast = await replicas(2)
-    stingy = HedgeConfig(percentile=99, min_samples=10, window=16, max_extra_percent=1, burst=1, min_delay_ms=20)
+    stingy = HedgeConfig(percentile=99, min_samples=10, window=16, max_extra_percent=1, burst=1, min_delay_ms=300)
     gw = await gateway([slow.url, fast.url], balancer=ROUND_ROBIN, hedge=stingy)
     await warm_up(client, gw.url, slow)  # ~20 requests earn ~0.2 of a hedge
     slow.delay_s = 1.0  # well past the warm-up's slowest latency, also on a loaded machine: a hedge is due
