@@ -21,7 +21,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field, replace
 from typing import Any
 
-from fleetserve.bench.arrivals import ARRIVALS, arrival_offsets
+from fleetserve.bench.arrivals import ARRIVALS, RateProfile, arrival_offsets
 from fleetserve.bench.client import CLIENTS, ClientConfig, HttpClient, RequestError, client_name, open_client
 from fleetserve.bench.recorder import RawResult, Recorder
 from fleetserve.bench.report import LoadReport, build_report
@@ -49,7 +49,9 @@ class LoadConfig:
 
     ``max_samples`` caps the latency samples kept (24 bytes each); past the cap a uniform
     subset is kept. ``connections`` defaults to ``concurrency`` (closed loop) or
-    ``min(max_inflight, 512)`` (open loop). ``client`` is ``auto``, ``fast`` or ``aiohttp``."""
+    ``min(max_inflight, 512)`` (open loop). ``client`` is ``auto``, ``fast`` or ``aiohttp``. ``profile``
+    (open loop, set by code) varies the rate over the run: ``rate`` times its multiplier at each moment,
+    counted from the start of the warmup."""
 
     url: str = option("", "base URL of a replica, gateway or proxy, e.g. http://127.0.0.1:8080", positional=True,
                       required=True)
@@ -78,12 +80,15 @@ class LoadConfig:
     tokens: int | None = option(None, "v2 workloads: tokens per row", default_text="the length mix")
     outputs: tuple[str, ...] = option((), "v2 workloads: ask for this output only (repeatable)", flag="--output",
                                       metavar="NAME", default_text="all outputs")
+    profile: RateProfile | None = None
 
     def __post_init__(self) -> None:
         if (self.rate is None) == (self.concurrency is None):
             raise ValueError("set exactly one of --rate (open loop) and --concurrency (closed loop)")
         if self.rate is not None and not self.rate > 0:
             raise ValueError(f"rate must be > 0 requests/s, got {self.rate}")
+        if self.profile is not None and self.rate is None:
+            raise ValueError("a rate profile needs --rate (open loop): it multiplies the rate")
         if self.concurrency is not None and self.concurrency < 1:
             raise ValueError(f"concurrency must be >= 1, got {self.concurrency}")
         if not self.duration_s > 0:
@@ -153,6 +158,7 @@ class LoadConfig:
         """The config as recorded in reports; header values are redacted (they may be credentials)."""
         d = {k: getattr(self, k) for k in self.__dataclass_fields__}
         d["headers"] = {k: "<redacted>" for k in self.headers}
+        d["profile"] = None if self.profile is None else [list(p) for p in self.profile.points]
         d["connections"] = self.client_config().connections
         d["client"] = client_name(self.client, self.url)
         return d
@@ -234,7 +240,10 @@ class _Run:
         assert self._config.rate is not None
         rng = random.Random(f"arrivals-{self._config.seed}")
         burst = 0
-        for offset in arrival_offsets(self._config.arrivals, self._config.rate, rng):
+        profile = self._config.profile
+        offsets = (arrival_offsets(self._config.arrivals, self._config.rate, rng) if profile is None
+                   else profile.offsets(self._config.arrivals, self._config.rate, rng))
+        for offset in offsets:
             due = start + offset
             if due >= end:
                 return
