@@ -6,6 +6,10 @@ starts (replicas then load it from the cache, never racing to build it). A repli
 with exponential backoff (reset after it stayed up for ``stable_s``); it rejoins through the gateway's health
 checks and slow start. SIGINT/SIGTERM stop the gateway first (no new traffic), then drain every replica. The
 clock is injectable for tests of the restart policy.
+
+An autoscaled fleet starts with no replicas: its actuator adds replicas by slot (:meth:`Supervisor.add_replica`,
+ports ``base_port + 2i``) and removes them by drain (:meth:`Supervisor.retire`); the same restart policy keeps
+them running meanwhile. How a process starts is the ``launcher``'s concern (:mod:`fleetserve.fleet.launch`).
 """
 
 from __future__ import annotations
@@ -16,16 +20,17 @@ import os
 import pickle
 import shutil
 import signal
-import sys
 import tempfile
 import time
 import urllib.request
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Coroutine, Mapping
 from dataclasses import dataclass, replace
 from pathlib import Path
+from typing import Any
 
 from fleetserve.errors import FleetserveError
 from fleetserve.fleet.config import FleetConfig
+from fleetserve.fleet.launch import Child, Launcher, SpawnLauncher
 from fleetserve.gateway.config import GatewayConfig
 from fleetserve.options import ENV_PREFIX
 from fleetserve.replica.config import ReplicaConfig
@@ -75,10 +80,11 @@ class Member:
     ready_path: str
     backoff: Backoff
     prefix: tuple[str, ...] = ()
-    process: asyncio.subprocess.Process | None = None
+    process: Child | None = None
     started: float = 0.0
     restarts: int = 0
     ready: bool = False
+    retired: bool = False  # asked to stop for good (scaled down): not restarted
 
 
 def http_ok(url: str) -> bool:
@@ -92,41 +98,50 @@ def http_ok(url: str) -> bool:
 class Supervisor:
     """Runs ``replica`` (its ports and threads set per member) ``fleet.replicas`` times and ``gateway`` (its
     backends set to the replicas) in front, unless ``fleet.gateway`` is off. ``placements`` put replica i
-    elsewhere than ``fleet.host`` (the fault harness's network namespaces)."""
+    elsewhere than ``fleet.host`` (the fault harness's network namespaces). ``initial`` replicas start with the
+    fleet (default ``fleet.replicas``; 0 for an autoscaled fleet, whose gateway then starts with no backends)."""
 
     def __init__(self, fleet: FleetConfig, replica: ReplicaConfig, gateway: GatewayConfig | None = None, *,
                  log_level: str | None = None, clock: Callable[[], float] = time.monotonic,
-                 placements: Mapping[int, Placement] | None = None) -> None:
+                 placements: Mapping[int, Placement] | None = None, launcher: Launcher | None = None,
+                 initial: int | None = None, threads: int | None = None) -> None:
         self.config = fleet
         self.clock = clock
+        self.launcher = launcher or SpawnLauncher()
         # The children log like the parent was asked to (fleetserve's own loggers' level, and the format).
         self.log_level = log_level or logging.getLevelName(logging.getLogger("fleetserve").getEffectiveLevel()).lower()
         self.log_format = logs.settings()[1]
         self.stopping = False
         self._folder: Path | None = None
-        threads = replica.threads or fleet.threads_per_replica()
-        placements = dict(placements or {})
-        hosts = [placements[i].host if i in placements else fleet.host for i in range(fleet.replicas)]
-        self.replicas = [
-            Member(
-                f"replica-{i}",
-                replace(replica, host=hosts[i], port=fleet.replica_port(i), grpc_port=fleet.replica_port(i) + 1,
-                        threads=threads),
-                f"http://{hosts[i]}:{fleet.replica_port(i)}",
-                "/v2/health/ready",
-                Backoff(fleet.backoff_initial_s, fleet.backoff_max_s, fleet.stable_s),
-                placements[i].prefix if i in placements else (),
-            )
-            for i in range(fleet.replicas)
-        ]
-        gateway = gateway if gateway is not None else GatewayConfig(backends=(self.replicas[0].url,))
+        self._replica = replace(replica, threads=replica.threads or threads or fleet.threads_per_replica())
+        self._placements = dict(placements or {})
+        self.replicas = [self.replica_member(i) for i in range(fleet.replicas if initial is None else initial)]
+        self._watchers: dict[str, asyncio.Task[None]] = {}
+        if gateway is None:
+            gateway = GatewayConfig(backends=(self.replicas[0].url,))
+        elif self.replicas:
+            gateway = replace(gateway, discovery="static", backends=tuple(m.url for m in self.replicas))
         self.gateway = Member(
             "gateway",
-            replace(gateway, host=fleet.host, port=fleet.gateway_port, discovery="static",
-                    backends=tuple(m.url for m in self.replicas)),
+            replace(gateway, host=fleet.host, port=fleet.gateway_port),
             f"http://{fleet.host}:{fleet.gateway_port}",
-            "/readyz",
+            # Without replicas yet (autoscaled), the gateway is up once it is live: the actuator adds them.
+            "/readyz" if self.replicas else "/healthz",
             Backoff(fleet.backoff_initial_s, fleet.backoff_max_s, fleet.stable_s),
+        )
+
+    def replica_member(self, i: int) -> Member:
+        """Replica slot ``i``: ports ``base_port + 2i`` (HTTP) and the next (gRPC)."""
+        fleet, placement = self.config, self._placements.get(i)
+        host = placement.host if placement is not None else fleet.host
+        port = fleet.replica_port(i)
+        return Member(
+            f"replica-{i}",
+            replace(self._replica, host=host, port=port, grpc_port=port + 1),
+            f"http://{host}:{port}",
+            "/v2/health/ready",
+            Backoff(fleet.backoff_initial_s, fleet.backoff_max_s, fleet.stable_s),
+            placement.prefix if placement is not None else (),
         )
 
     @property
@@ -143,24 +158,21 @@ class Supervisor:
         return path
 
     async def _spawn(self, m: Member) -> None:
-        m.process = await asyncio.create_subprocess_exec(
-            *m.prefix, sys.executable, "-m", "fleetserve.fleet.child", str(self._config_file(m)), str(os.getpid()),
-            stdin=asyncio.subprocess.DEVNULL, env=child_environ(os.environ),
-        )
+        m.process = await self.launcher.start(m.prefix, self._config_file(m), child_environ(os.environ))
         m.started = self.clock()
         m.ready = False
 
     async def _watch(self, m: Member) -> None:
-        """Keep ``m`` running: restart it with backoff whenever it exits, until the fleet stops."""
-        while not self.stopping:
+        """Keep ``m`` running: restart it with backoff whenever it exits, until the fleet stops or it is retired."""
+        while not self.stopping and not m.retired:
             assert m.process is not None
             code = await m.process.wait()
-            if self.stopping:
+            if self.stopping or m.retired:
                 return
             delay = m.backoff.next_delay(self.clock() - m.started)
             log.warning("%s exited with %s; restarting in %.1f s", m.name, code, delay)
             await asyncio.sleep(delay)
-            if self.stopping:
+            if self.stopping or m.retired:
                 return
             m.restarts += 1
             await self._spawn(m)
@@ -182,6 +194,39 @@ class Supervisor:
             await self._spawn(m)
         if self.config.gateway:
             await self._spawn(self.gateway)
+
+    async def add_replica(self, i: int) -> Member:
+        """Start replica slot ``i`` while the fleet runs, restarted like the others until :meth:`retire`."""
+        if any(m.name == f"replica-{i}" for m in self.replicas):
+            raise ValueError(f"replica slot {i} is in use")
+        m = self.replica_member(i)
+        self.replicas.append(m)
+        await self._spawn(m)
+        self._watchers[m.name] = asyncio.create_task(self._watch(m))
+        return m
+
+    async def retire(self, m: Member, timeout_s: float = 30.0) -> int | None:
+        """Stop ``m`` for good by SIGTERM (a replica drains: it finishes everything it accepted) and forget it;
+        its exit code (None: it was not running)."""
+        m.retired = True
+        watcher = self._watchers.pop(m.name, None)
+        code = None
+        if m.process is not None and m.process.returncode is None:
+            m.process.send_signal(signal.SIGTERM)
+            try:
+                code = await asyncio.wait_for(m.process.wait(), timeout=timeout_s)
+            except TimeoutError:
+                log.warning("%s did not drain within %.0f s; killed", m.name, timeout_s)
+                m.process.kill()
+                code = await m.process.wait()
+        if watcher is not None:
+            watcher.cancel()
+            await asyncio.gather(watcher, return_exceptions=True)
+        if m in self.replicas:
+            self.replicas.remove(m)
+        if self._folder is not None:
+            (self._folder / f"{m.name}.pickle").unlink(missing_ok=True)
+        return code
 
     async def wait_ready(self, stop: asyncio.Event | None = None) -> bool:
         """True once every member is ready; False when ``stop`` is set first (Ctrl-C while starting)."""
@@ -222,9 +267,13 @@ class Supervisor:
                     p.kill()
                     await p.wait()
 
-    async def run(self, stop: asyncio.Event, print_status: Callable[[str], None] | None = None) -> None:
+    async def run(self, stop: asyncio.Event, print_status: Callable[[str], None] | None = None,
+                  actuator: Callable[[asyncio.Event], Coroutine[Any, Any, None]] | None = None) -> None:
+        """Start the fleet, wait until it is ready, keep it running until ``stop``; ``actuator(stop)`` runs
+        beside it once the fleet is ready (it adds and retires replicas)."""
         await self.start()
-        watchers = [asyncio.create_task(self._watch(m)) for m in self.members]
+        self._watchers.update({m.name: asyncio.create_task(self._watch(m)) for m in self.members})
+        acting: asyncio.Task[None] | None = None
         try:
             if not await self.wait_ready(stop):
                 return
@@ -235,7 +284,11 @@ class Supervisor:
                       flush=True)
             for m in self.replicas:
                 print(f"  {m.name}: {m.url}  grpc {m.config.host}:{int(m.url.rsplit(':', 1)[1]) + 1}", flush=True)
+            if actuator is not None:
+                acting = asyncio.create_task(actuator(stop))
             while not stop.is_set():
+                if acting is not None and acting.done():
+                    acting.result()  # an actuator that failed stops the fleet with its error
                 try:
                     await asyncio.wait_for(stop.wait(), timeout=c.status_interval_s)
                 except TimeoutError:
@@ -243,7 +296,12 @@ class Supervisor:
                     if print_status is not None:
                         print_status(self.status_line())
         finally:
+            if acting is not None:
+                acting.cancel()
+                await asyncio.gather(acting, return_exceptions=True)
             await self.stop()
+            watchers = list(self._watchers.values())
+            self._watchers.clear()
             for w in watchers:
                 w.cancel()
             await asyncio.gather(*watchers, return_exceptions=True)
