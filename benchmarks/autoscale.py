@@ -379,7 +379,7 @@ async def main() -> None:
     parser.add_argument("--small", type=int, default=2, help="replicas of fixed-small")
     parser.add_argument("--large", type=int, default=8, help="replicas of fixed-large")
     parser.add_argument("--max-replicas", type=int, default=8)
-    parser.add_argument("--slo-p99-ms", type=float, default=300.0)
+    parser.add_argument("--slo-p99-ms", type=float, default=400.0)
     parser.add_argument("--scale-down-s", type=float, default=30.0, help="hpa scale-down stabilisation")
     parser.add_argument("--zero-repeats", type=int, default=3, help="scale-from-zero probes (0: none)")
     parser.add_argument("--zero-burst", type=int, default=20)
