@@ -62,6 +62,7 @@ def test_bad_input_is_one_line_error(args: list[str], message: str, tmp_path: Pa
         (["up", "tiny", "--gateway-args", "'unclosed"], {}, "cannot split"),
         (["up", "tiny", "--replicas", "0"], {}, "replicas must be in 1..64"),
         (["up", "tiny", "--autoscale", "hpa", "--workers", "2"], {}, "needs --workers 1"),
+        (["up", "tiny", "--autoscale", "hpa", "--no-gateway"], {}, "cannot be used with --no-gateway"),
         (["up", "tiny", "--autoscale", "hpa", "--min-replicas", "3", "--max-replicas", "2"], {},
          "0 <= min_replicas <= max_replicas"),
         (["up", "tiny", "--autoscale", "predictive", "--max-replicas", "40", "--base-port", "65500"], {},

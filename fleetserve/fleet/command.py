@@ -49,6 +49,8 @@ class UpOptions:
     autoscale: AutoscaleConfig = section(AutoscaleConfig, "autoscaling (--replicas is then not used)")
 
     def __post_init__(self) -> None:
+        if self.autoscale.enabled and not self.fleet.gateway:
+            raise ValueError("--autoscale runs its rule in the gateway: it cannot be used with --no-gateway")
         top = self.fleet.replica_port(self.autoscale.max_replicas)
         if self.autoscale.enabled and top > 65535:
             raise ValueError(f"base_port must leave room for {self.autoscale.max_replicas} replicas' two ports, "

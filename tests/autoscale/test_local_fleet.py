@@ -71,7 +71,6 @@ async def test_a_fleet_at_one_grows_under_rising_load_and_shrinks_back_without_a
     assert "ready and receiving traffic" in fleet.output()
 
 
-@pytest.mark.slow
 @pytest.mark.parametrize("fleet", [("--min-replicas", "0", "--idle-to-zero-s", "60")], indirect=True)
 def test_a_fleet_at_zero_answers_its_first_request(fleet: Proc) -> None:
     assert _members(fleet)["ready"] == []
