@@ -18,6 +18,11 @@ Modes: ``fixed-small`` (``--small`` replicas, enough for 1x), ``fixed-large`` (`
 peak), ``hpa`` and ``predictive`` (both with the same range and the same scale-down stabilisation,
 ``--scale-down-s``: the traces compress hours into minutes, so Kubernetes' 300 s default would never act).
 
+First, how fast one replica turns ready from the warm engine cache, started the two ways the supervisor can
+(``--launch-repeats`` times each, alternating; :mod:`fleetserve.fleet.launch`): ``spawn`` (a fresh interpreter)
+and ``forkserver`` (a fork of a server that imported the replica once; what the autoscaler uses), from the call
+that starts it to its first 200 on ``/v2/health/ready``, with the replica settings below.
+
 Per trace and mode: **SLO-violation seconds** (1 s windows, by completion time, whose p99 exceeds
 ``--slo-p99-ms``), **replica-seconds** (replica processes alive, sampled every 0.25 s, integrated over the
 trace), failed requests (every non-2xx answer, timeout, refused connection or drop), and for the autoscaled
@@ -192,6 +197,39 @@ class Fleet:
         except subprocess.TimeoutExpired:
             self.proc.kill()
             self.proc.wait(10)
+
+
+# ------------------------------------------------------------------------------------------ launch probe
+async def launch_times(setup: Setup, repeats: int) -> dict[str, list[float]]:
+    """Seconds from starting a replica slot to its readiness 200, per launcher, ``repeats`` times each."""
+    import aiohttp
+
+    from fleetserve.fleet.config import FleetConfig, gateway_config, replica_config
+    from fleetserve.fleet.launch import ForkServerLauncher, Launcher, SpawnLauncher
+    from fleetserve.fleet.supervisor import Supervisor
+
+    forkserver = ForkServerLauncher()
+    await forkserver.prepare()
+    launchers: dict[str, Launcher] = {"spawn": SpawnLauncher(), "forkserver": forkserver}
+    replica = replica_config("tiny", ("--drain-grace-s", "0", *setup.replica_args().split()))
+    times: dict[str, list[float]] = {name: [] for name in launchers}
+    async with aiohttp.ClientSession() as session:
+        for _ in range(repeats):
+            for name, launcher in launchers.items():
+                fleet = FleetConfig(replicas=1, base_port=port_block(2), cores=1)
+                supervisor = Supervisor(fleet, replica, gateway_config(), launcher=launcher, initial=0)
+                t0 = time.monotonic()
+                member = await supervisor.add_replica(0)
+                while True:
+                    with contextlib.suppress(aiohttp.ClientError):
+                        async with session.get(member.url + member.ready_path) as r:
+                            if r.status == 200:
+                                break
+                    await asyncio.sleep(0.01)
+                times[name].append(time.monotonic() - t0)
+                await supervisor.retire(member)
+                await supervisor.stop()
+    return times
 
 
 # --------------------------------------------------------------------------------------------------- a run
@@ -382,13 +420,14 @@ async def main() -> None:
     parser.add_argument("--slo-p99-ms", type=float, default=400.0)
     parser.add_argument("--scale-down-s", type=float, default=30.0, help="hpa scale-down stabilisation")
     parser.add_argument("--zero-repeats", type=int, default=3, help="scale-from-zero probes (0: none)")
+    parser.add_argument("--launch-repeats", type=int, default=5, help="replica starts per launcher (0: none)")
     parser.add_argument("--zero-burst", type=int, default=20)
     parser.add_argument("--idle-to-zero-s", type=float, default=5.0)
     parser.add_argument("--plots", type=Path, default=Path("docs/autoscale"))
     parser.add_argument("--json", type=Path, default=None, help="write every run's time series here")
     parser.add_argument("--logs", type=Path, default=None, help="write each run's `fleetserve up` output here")
     args = parser.parse_args()
-    traces, modes = args.traces.split(","), args.modes.split(",")
+    traces, modes = [t for t in args.traces.split(",") if t], args.modes.split(",")
     for name in traces:
         if name not in TRACES:
             raise SystemExit(f"unknown trace {name!r}: {', '.join(TRACES)}")
@@ -399,6 +438,10 @@ async def main() -> None:
                   args.slo_p99_ms, args.scale_down_s, args.duration_scale)
     print(f"machine: {machine()}; {time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())}; {uptime()}", flush=True)
     print(f"setup: {asdict(setup)} (replica capacity ~{setup.capacity_rps:.0f} req/s)", flush=True)
+    launch = await launch_times(setup, args.launch_repeats) if args.launch_repeats else {}
+    for name, seconds in launch.items():
+        print(f"replica start to ready, {name}: median {statistics.median(seconds):.2f} s, max {max(seconds):.2f} s "
+              f"({', '.join(f'{t:.2f}' for t in seconds)})", flush=True)
     runs: list[Run] = []
     for trace in traces:
         done = []
@@ -417,7 +460,7 @@ async def main() -> None:
     print("\n".join(goals(runs, zero)))
     print(f"\nfinished {time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())}; {uptime()}")
     if args.json is not None:
-        args.json.write_text(json.dumps({"setup": asdict(setup), "runs": [asdict(r) for r in runs],
+        args.json.write_text(json.dumps({"setup": asdict(setup), "launch": launch, "runs": [asdict(r) for r in runs],
                                          "from_zero": zero}, indent=1))
 
 

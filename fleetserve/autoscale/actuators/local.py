@@ -103,6 +103,8 @@ class LocalActuator:
         self._session: aiohttp.ClientSession | None = None
         self._tasks: set[asyncio.Task[Any]] = set()
         self._changed = asyncio.Event()
+        # One PUT at a time, its body taken inside: an older membership can never arrive after a newer one.
+        self._publishing = asyncio.Lock()
         self._last_put = -float("inf")
 
     def membership(self) -> dict[str, Any]:
@@ -211,6 +213,10 @@ class LocalActuator:
 
     async def publish(self) -> bool:
         """PUT the membership; False when the gateway did not take it (retried on the next poll)."""
+        async with self._publishing:
+            return await self._put()
+
+    async def _put(self) -> bool:
         assert self._session is not None
         self._changed.clear()
         body = self.membership()
