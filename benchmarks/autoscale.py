@@ -378,10 +378,11 @@ def goals(runs: list[Run], zero: list[dict[str, Any]]) -> Iterator[str]:
     for trace in ("ramp", "step"):
         hpa, pred = by.get((trace, "hpa")), by.get((trace, "predictive"))
         if hpa and pred:
-            fewer = 1 - pred.slo_violation_s / hpa.slo_violation_s if hpa.slo_violation_s else math.nan
+            fewer = (f"{1 - pred.slo_violation_s / hpa.slo_violation_s:.0%} fewer" if hpa.slo_violation_s
+                     else "hpa had none to cut")
             more = pred.replica_s / hpa.replica_s - 1 if hpa.replica_s else math.nan
             yield (f"- {trace}: predictive {pred.slo_violation_s} vs hpa {hpa.slo_violation_s} SLO-violation s "
-                   f"({fewer:+.0%} fewer; goal >= 50%), replica-s {pred.replica_s:.0f} vs {hpa.replica_s:.0f} "
+                   f"({fewer}; goal >= 50% fewer), replica-s {pred.replica_s:.0f} vs {hpa.replica_s:.0f} "
                    f"({more:+.0%}; goal <= +15%)")
     for trace in TRACES:
         small, large = by.get((trace, "fixed-small")), by.get((trace, "fixed-large"))
