@@ -455,8 +455,9 @@ async def main() -> None:
             plot(trace, done, setup, args.plots / f"{trace}.png")
     zero = await from_zero(setup, args.zero_repeats, args.zero_burst, args.idle_to_zero_s) \
         if args.zero_repeats else []
-    print()
-    print("\n".join(table(runs)))
+    if runs:
+        print()
+        print("\n".join(table(runs)))
     print()
     print("\n".join(goals(runs, zero)))
     print(f"\nfinished {time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())}; {uptime()}")
