@@ -15,8 +15,12 @@ hpa|predictive --min-replicas 1 --max-replicas M``), with an open-loop Poisson l
 - ``flash``: 1x for 20 s, 8x within 1 s for 30 s, back to 1x at once for 40 s.
 
 Modes: ``fixed-small`` (``--small`` replicas, enough for 1x), ``fixed-large`` (``--large``, enough for the
-peak), ``hpa`` and ``predictive`` (both with the same range and the same scale-down stabilisation,
-``--scale-down-s``: the traces compress hours into minutes, so Kubernetes' 300 s default would never act).
+peak), ``hpa`` and ``predictive`` (both ticking every second, with the same range and the same scale-down
+stabilisation, ``--scale-down-s``: the traces compress hours into minutes, so Kubernetes' 300 s default would
+never act), and ``hpa-15s``: the same hpa rule evaluated every 15 s, Kubernetes' default sync period, i.e. the
+HorizontalPodAutoscaler as a cluster runs it on these signals. ``--replica-startup-s`` adds that many seconds
+between a replica's warm-up and its readiness (``--warmup-delay-s``), standing in for the engine load or image
+pull that makes real start-ups take seconds to minutes: the lead the predictive rule forecasts over.
 
 First, how fast one replica turns ready from the warm engine cache, started the two ways the supervisor can
 (``--launch-repeats`` times each, alternating; :mod:`fleetserve.fleet.launch`): ``spawn`` (a fresh interpreter)
@@ -41,6 +45,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import contextlib
+import itertools
 import json
 import math
 import os
@@ -68,7 +73,8 @@ TRACES: dict[str, RateProfile] = {
     "sine": RateProfile(tuple((float(t), 3 - 2 * math.cos(2 * math.pi * t / 120)) for t in range(0, 121, 4))),
     "flash": RateProfile(((0, 1), (20, 1), (21, 8), (51, 8), (51.05, 1), (91, 1))),
 }
-MODES = ("fixed-small", "fixed-large", "hpa", "predictive")
+MODES = ("fixed-small", "fixed-large", "hpa", "predictive", "hpa-15s")
+AUTOSCALED = {"hpa": ("hpa", 1.0), "predictive": ("predictive", 1.0), "hpa-15s": ("hpa", 15.0)}  # rule, tick s
 READY_LINE = re.compile(r"(replica-\d+) ready and receiving traffic ([0-9.]+) s after the decision")
 SAMPLE_S = 0.25
 
@@ -84,11 +90,13 @@ class Setup:
     slo_p99_ms: float
     scale_down_s: float
     duration_scale: float
+    replica_startup_s: float = 0.0
     timeout_s: float = 30.0
 
     def replica_args(self) -> str:
         return (f"--batch-latency-ms {self.batch_latency_ms:g} --max-batch {self.max_batch} --padding fixed "
-                f"--fixed-seq 32 --instances 1 --threads 1 --max-queue 100000")
+                f"--fixed-seq 32 --instances 1 --threads 1 --max-queue 100000 "
+                f"--warmup-delay-s {self.replica_startup_s:g}")
 
     @property
     def capacity_rps(self) -> float:
@@ -130,9 +138,11 @@ class Fleet:
         self.base = port_block(2 * max(setup.large, setup.max_replicas))
         args = ["up", "tiny", "--port", str(self.port), "--base-port", str(self.base),
                 "--replica-args", setup.replica_args(), "--log-level", "info"]
-        self.autoscaled = mode in ("hpa", "predictive")
+        self.autoscaled = mode in AUTOSCALED
         if self.autoscaled:
-            args += ["--autoscale", mode, "--min-replicas", str(min_replicas), "--max-replicas",
+            rule, tick_s = AUTOSCALED[mode]
+            args += ["--autoscale", rule, "--autoscale-interval-s", f"{tick_s:g}",
+                     "--min-replicas", str(min_replicas), "--max-replicas",
                      str(setup.max_replicas), "--slo-p99-ms", f"{setup.slo_p99_ms:g}",
                      "--hpa-scale-down-stabilization-s", f"{setup.scale_down_s:g}",
                      "--idle-to-zero-s", f"{idle_to_zero_s:g}"]
@@ -375,23 +385,23 @@ def table(runs: list[Run]) -> Iterator[str]:
 
 def goals(runs: list[Run], zero: list[dict[str, Any]]) -> Iterator[str]:
     by = {(r.trace, r.mode): r for r in runs}
-    for trace in ("ramp", "step"):
-        hpa, pred = by.get((trace, "hpa")), by.get((trace, "predictive"))
+    for trace, against in itertools.product(("ramp", "step"), ("hpa", "hpa-15s")):
+        hpa, pred = by.get((trace, against)), by.get((trace, "predictive"))
         if hpa and pred:
             fewer = (f"{1 - pred.slo_violation_s / hpa.slo_violation_s:.0%} fewer" if hpa.slo_violation_s
-                     else "hpa had none to cut")
+                     else f"{against} had none to cut")
             more = pred.replica_s / hpa.replica_s - 1 if hpa.replica_s else math.nan
-            yield (f"- {trace}: predictive {pred.slo_violation_s} vs hpa {hpa.slo_violation_s} SLO-violation s "
-                   f"({fewer}; goal >= 50% fewer), replica-s {pred.replica_s:.0f} vs {hpa.replica_s:.0f} "
+            yield (f"- {trace}: predictive {pred.slo_violation_s} vs {against} {hpa.slo_violation_s} SLO-violation "
+                   f"s ({fewer}; goal >= 50% fewer), replica-s {pred.replica_s:.0f} vs {hpa.replica_s:.0f} "
                    f"({more:+.0%}; goal <= +15%)")
     for trace in TRACES:
         small, large = by.get((trace, "fixed-small")), by.get((trace, "fixed-large"))
-        for mode in ("hpa", "predictive"):
+        for mode in AUTOSCALED:
             run = by.get((trace, mode))
             if run and small and large:
                 yield (f"- {trace} {mode}: violations {run.slo_violation_s} vs fixed-small {small.slo_violation_s}"
                        f"; replica-s {run.replica_s:.0f} vs fixed-large {large.replica_s:.0f}")
-    scaled = [r for r in runs if r.mode in ("hpa", "predictive")]
+    scaled = [r for r in runs if r.mode in AUTOSCALED]
     yield f"- failed requests in autoscaled runs: {sum(r.failed for r in scaled)} (goal 0)"
     startups = [s for r in scaled for s in r.startup_s]
     if startups:
@@ -420,6 +430,8 @@ async def main() -> None:
     parser.add_argument("--max-replicas", type=int, default=8)
     parser.add_argument("--slo-p99-ms", type=float, default=400.0)
     parser.add_argument("--scale-down-s", type=float, default=30.0, help="hpa scale-down stabilisation")
+    parser.add_argument("--replica-startup-s", type=float, default=0.0,
+                        help="seconds a new replica waits after warm-up before turning ready (slow start-ups)")
     parser.add_argument("--zero-repeats", type=int, default=3, help="scale-from-zero probes (0: none)")
     parser.add_argument("--launch-repeats", type=int, default=5, help="replica starts per launcher (0: none)")
     parser.add_argument("--zero-burst", type=int, default=20)
@@ -436,7 +448,7 @@ async def main() -> None:
         if name not in MODES:
             raise SystemExit(f"unknown mode {name!r}: {', '.join(MODES)}")
     setup = Setup(args.base_rate, args.batch_latency_ms, args.max_batch, args.small, args.large, args.max_replicas,
-                  args.slo_p99_ms, args.scale_down_s, args.duration_scale)
+                  args.slo_p99_ms, args.scale_down_s, args.duration_scale, args.replica_startup_s)
     print(f"machine: {machine()}; {time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())}; {uptime()}", flush=True)
     print(f"setup: {asdict(setup)} (replica capacity ~{setup.capacity_rps:.0f} req/s)", flush=True)
     launch = await launch_times(setup, args.launch_repeats) if args.launch_repeats else {}

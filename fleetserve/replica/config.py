@@ -47,6 +47,8 @@ class ReplicaConfig:
     extra_latency_ms: float = option(0.0, "fault injection: added service time per request (a slow GPU)")
     batch_latency_ms: float = option(0.0, "fault injection: added engine time per batch, its instance busy meanwhile "
                                      "(a slower accelerator: capacity about instances x max-batch / this)")
+    warmup_delay_s: float = option(0.0, "fault injection: seconds between warm-up and turning ready (a slow "
+                                   "engine load or image pull, for autoscaling experiments)")
     loop: str = option("auto", "event loop (auto: uvloop if installed)", choices=LOOPS)
 
     def __post_init__(self) -> None:
@@ -59,7 +61,7 @@ class ReplicaConfig:
         if self.threads < 0:
             raise ValueError(f"threads must be >= 0 (0: automatic), got {self.threads}")
         if self.max_delay_ms < 0 or self.drain_grace_s < 0 or self.drain_timeout_s <= 0 or self.extra_latency_ms < 0 \
-                or self.batch_latency_ms < 0:
+                or self.batch_latency_ms < 0 or self.warmup_delay_s < 0:
             raise ValueError("delays and timeouts must be non-negative (drain timeout positive)")
         if self.max_body_bytes < 1024:
             raise ValueError(f"max_body_bytes must be >= 1024, got {self.max_body_bytes}")

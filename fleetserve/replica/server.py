@@ -147,7 +147,7 @@ async def serve(config: ReplicaConfig) -> int:
     grpc_note = f" grpc {config.host}:{replica.grpc.port}" if replica.grpc else ""
     log.info("listening on http://%s:%d%s; warming up", config.host, replica.http_port, grpc_note)
     t0 = time.perf_counter()
-    warm = asyncio.create_task(replica.batcher.warmup())
+    warm = asyncio.create_task(_warm_up(replica.batcher, config.warmup_delay_s))
     done, _ = await asyncio.wait({warm, asyncio.create_task(stop.wait())}, return_when=asyncio.FIRST_COMPLETED)
     if warm in done:
         warm.result()
@@ -161,6 +161,12 @@ async def serve(config: ReplicaConfig) -> int:
     if not warm.done():
         warm.cancel()
     return 0
+
+
+async def _warm_up(batcher: Batcher, delay_s: float) -> None:
+    await batcher.warmup()
+    if delay_s:
+        await asyncio.sleep(delay_s)
 
 
 def run(config: ReplicaConfig) -> int:

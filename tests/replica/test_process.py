@@ -5,6 +5,7 @@ from __future__ import annotations
 import concurrent.futures
 import json
 import signal
+import time
 import urllib.error
 import urllib.request
 
@@ -160,3 +161,24 @@ def test_model_config_for_perf_analyzer(tiny) -> None:
     assert config["input"][0] == {"name": "input_ids", "data_type": "TYPE_INT64", "dims": [-1]}
     assert {"name": "sentence_embedding", "data_type": "TYPE_FP32", "dims": [32]} in config["output"]
     assert "dynamic_batching" in config
+
+
+def test_a_warm_up_delay_keeps_a_live_replica_unready_that_long() -> None:
+    """The slow-start fault autoscaling experiments use: live at once, ready only after the delay."""
+    with replica("tiny", "--warmup-delay-s", "3", ready=False) as proc:
+        until_sync(lambda: _status(f"{proc.url}/v2/health/live") == 200, 60, what="live")
+        live_at = time.monotonic()
+        assert _status(f"{proc.url}/v2/health/ready") == 503
+        until_sync(lambda: _status(f"{proc.url}/v2/health/ready") == 200, 60, what="ready")
+        assert time.monotonic() - live_at >= 2.5  # warm-up itself takes ~0.1 s for tiny
+
+
+def _status(url: str) -> int:
+    """The HTTP status, 0 while nothing listens."""
+    try:
+        with urllib.request.urlopen(url, timeout=5) as r:
+            return r.status
+    except urllib.error.HTTPError as exc:
+        return exc.code
+    except urllib.error.URLError:
+        return 0
