@@ -116,11 +116,12 @@ class Deadline:
 class Proc:
     """A server started in its own session, so stopping it reaches its worker processes too."""
 
-    def __init__(self, argv: list[str], log: Path) -> None:
+    def __init__(self, argv: list[str], log: Path, env: dict[str, str] | None = None) -> None:
         self.argv = argv
         self.log = log
         with log.open("ab") as f:
-            self.popen = subprocess.Popen(argv, stdout=f, stderr=subprocess.STDOUT, start_new_session=True)
+            self.popen = subprocess.Popen(argv, stdout=f, stderr=subprocess.STDOUT, start_new_session=True,
+                                          env=None if env is None else {**os.environ, **env})
 
     def stop(self) -> None:
         if self.popen.poll() is None:
@@ -150,13 +151,13 @@ def wait_all_ready(url: str, procs: list[Proc], timeout: float) -> None:
 
 
 class GpuSampler:
-    """NVML utilization and power every ``interval_s`` in a thread (nothing where there is no GPU)."""
+    """NVML utilization and power of every whole GPU every ``interval_s`` in a thread (nothing without a GPU)."""
 
     def __init__(self, interval_s: float = 0.1) -> None:
         from fleetserve.telemetry.gpu import GpuMonitor, GpuMonitorConfig
 
         self.monitor = GpuMonitor.create(GpuMonitorConfig(interval_s=max(interval_s, 0.05)))
-        self.samples: list[tuple[float, float, float]] = []
+        self.samples: list[tuple[float, str, float, float]] = []
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, args=(interval_s,), daemon=True)
         if self.monitor is not None:
@@ -165,17 +166,21 @@ class GpuSampler:
     def _run(self, interval_s: float) -> None:
         assert self.monitor is not None
         while not self._stop.wait(interval_s):
-            whole = [s for s in self.monitor.sample() if not s.mig]
-            if whole:
-                s = whole[0]
-                self.samples.append((time.monotonic(), s.utilization or 0.0, s.power_watts or 0.0))
+            now = time.monotonic()
+            self.samples += [(now, s.gpu, s.utilization or 0.0, s.power_watts or 0.0)
+                             for s in self.monitor.sample() if not s.mig]
 
-    def window(self, start: float, end: float) -> dict[str, float | None]:
-        inside = [(u, p) for t, u, p in list(self.samples) if start <= t <= end]
-        if not inside:
-            return {"gpu_util": None, "gpu_power_w": None}
-        return {"gpu_util": sum(u for u, _ in inside) / len(inside),
-                "gpu_power_w": sum(p for _, p in inside) / len(inside)}
+    def window(self, start: float, end: float) -> dict[str, Any]:
+        """Mean utilization over the GPUs, the least busy GPU's, each GPU's, and the power of all together."""
+        per: dict[str, list[tuple[float, float]]] = {}
+        for t, gpu, u, p in list(self.samples):
+            if start <= t <= end:
+                per.setdefault(gpu, []).append((u, p))
+        if not per:
+            return {"gpu_util": None, "gpu_util_min": None, "gpu_util_each": None, "gpu_power_w": None}
+        util = {g: sum(u for u, _ in v) / len(v) for g, v in sorted(per.items())}
+        return {"gpu_util": sum(util.values()) / len(util), "gpu_util_min": min(util.values()),
+                "gpu_util_each": util, "gpu_power_w": sum(sum(p for _, p in v) / len(v) for v in per.values())}
 
     def close(self) -> None:
         self._stop.set()
@@ -190,9 +195,11 @@ def children_cpu_s() -> float:
 
 
 def bench_point(cfg: RunConfig, url: str, concurrency: int, processes: int, servers: dict[str, list[Proc]],
-                bases: list[str], gpu: GpuSampler, tag: str) -> dict[str, Any]:
+                bases: list[str], gpu: GpuSampler, tag: str, rate: float | None = None) -> dict[str, Any]:
+    """One closed-loop point at ``concurrency``, or open loop (Poisson) at ``rate`` requests/s when given."""
     report = cfg.work / f"bench-{tag}.json"
-    argv = [*CLI, "bench", url, "--concurrency", str(concurrency), "--duration", str(cfg.duration_s),
+    load = ["--rate", str(rate), "--arrivals", "poisson"] if rate else ["--concurrency", str(concurrency)]
+    argv = [*CLI, "bench", url, *load, "--duration", str(cfg.duration_s),
             "--warmup", str(cfg.warmup_s), "--workload", cfg.workload, "--processes", str(processes),
             "--timeout", "30", "--out", str(report)]
     if cfg.workload == "v2-binary":
@@ -207,7 +214,8 @@ def bench_point(cfg: RunConfig, url: str, concurrency: int, processes: int, serv
     # The measured window ends when the generator stops sending, just before it writes its report.
     window = gpu.window(t1 - 0.3 - cfg.duration_s, t1 - 0.3)
     after = [scrape(b) for b in bases]
-    point: dict[str, Any] = {"command": " ".join(["fleetserve", *argv[3:]]), "concurrency": concurrency, **window}
+    point: dict[str, Any] = {"command": " ".join(["fleetserve", *argv[3:]]), "concurrency": concurrency, "rate": rate,
+                             **window}
     point.update({f"{k}_cores": (sum(tree_cpu_seconds(p.popen.pid) for p in v) - cpu0[k]) / wall
                   for k, v in servers.items()})
     point["machine_cores"] = (machine_cpu_s() - m0) / wall
@@ -231,14 +239,17 @@ def bench_point(cfg: RunConfig, url: str, concurrency: int, processes: int, serv
     return point
 
 
-def start_replicas(cfg: RunConfig, n: int, instances: int, logs: Path) -> tuple[list[Proc], list[str]]:
+def start_replicas(cfg: RunConfig, n: int, instances: int, logs: Path,
+                   gpus: int = 0) -> tuple[list[Proc], list[str]]:
+    """``n`` replicas; with ``gpus``, replica i sees only GPU ``i % gpus`` (``CUDA_VISIBLE_DEVICES``)."""
     procs, bases = [], []
     for i in range(n):
         port = free_port()
         argv = [*CLI, "serve", *cfg.engine_args(), "--instances", str(instances), "--host", "127.0.0.1",
                 "--port", str(port), "--grpc-port", "0", "--max-queue", str(max(8192, cfg.max_batch)),
                 "--drain-grace-s", "0", "--drain-timeout-s", "2"]
-        procs.append(Proc(argv, logs / f"replica{i}.log"))  # appended to by later starts
+        env = {"CUDA_VISIBLE_DEVICES": str(i % gpus)} if gpus else None
+        procs.append(Proc(argv, logs / f"replica{i}.log", env))  # appended to by later starts
         bases.append(f"http://127.0.0.1:{port}")
     return procs, bases
 
@@ -400,7 +411,11 @@ def raw_engine(cfg: RunConfig) -> dict[str, Any]:
 
 
 def save(cfg: RunConfig, results: dict[str, Any]) -> None:
-    (cfg.out / "gpu_server.json").write_text(json.dumps(results, indent=2, default=str) + "\n")
+    save_as(cfg, results, "gpu_server.json")
+
+
+def save_as(cfg: RunConfig, results: dict[str, Any], name: str) -> None:
+    (cfg.out / name).write_text(json.dumps(results, indent=2, default=str) + "\n")
 
 
 def fmt(v: Any, spec: str = ",.0f") -> str:

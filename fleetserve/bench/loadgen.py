@@ -80,6 +80,8 @@ class LoadConfig:
     tokens: int | None = option(None, "v2 workloads: tokens per row", default_text="the length mix")
     outputs: tuple[str, ...] = option((), "v2 workloads: ask for this output only (repeatable)", flag="--output",
                                       metavar="NAME", default_text="all outputs")
+    lengths: str = option("search", "v2 workloads without --tokens: length mix (squad: MLPerf BERT-like, max 384)",
+                          choices=("search", "squad"))
     profile: RateProfile | None = None
 
     def __post_init__(self) -> None:
@@ -129,7 +131,8 @@ class LoadConfig:
 
     def workload_config(self) -> WorkloadConfig:
         return WorkloadConfig(
-            self.workload, self.model, self.long_fraction, self.pool_size, self.rows, self.tokens, self.outputs
+            self.workload, self.model, self.long_fraction, self.pool_size, self.rows, self.tokens, self.outputs,
+            self.lengths,
         )
 
     def split(self) -> list[LoadConfig]:

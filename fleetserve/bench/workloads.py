@@ -9,6 +9,9 @@ send token ids directly (``[CLS] ids... [SEP]``, BERT's special ids) in the shap
 length in ``parameters.binary_data_size``, is followed by the raw little-endian tensors, and the
 ``Inference-Header-Content-Length`` header says where the JSON ends.
 
+``lengths="squad"`` draws v2 lengths from a question-answering mix instead (:func:`squad_tokens`), for
+MLPerf-style BERT-Large runs.
+
 A v2 request carries ``rows`` sequences of one length (v2 tensors are rectangular), e.g. the 32–64
 candidates of one ranking call; ``tokens`` fixes that length instead of drawing it from the mix, and
 ``outputs`` names the outputs to ask for (binary in ``v2-binary``), so a response need not carry every
@@ -18,6 +21,7 @@ output the model has.
 from __future__ import annotations
 
 import json
+import math
 import random
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
@@ -36,6 +40,9 @@ RANK_CANDIDATES = 10
 RANK_TOP_K = 3
 CLS_ID = 101
 SEP_ID = 102
+# SQuAD-like features at MLPerf's max_seq 384: median and log-spread of the bulk, and the share of windows cut
+# from long contexts, which fill all 384 tokens.
+SQUAD_MEDIAN, SQUAD_SIGMA, SQUAD_RANGE, SQUAD_FULL = 170, 0.35, (40, 384), 0.03
 # Skip BERT's reserved and special ids at the bottom of the vocabulary (30522 entries).
 VOCAB_IDS = (1000, 30000)
 V2_INPUTS = ("input_ids", "attention_mask", "token_type_ids")
@@ -66,6 +73,7 @@ class WorkloadConfig:
     rows: int = 1  # sequences per v2 request
     tokens: int | None = None  # tokens per v2 row including [CLS]/[SEP]; None: the length mix
     outputs: tuple[str, ...] = ()  # v2 outputs to ask for; empty: the server's default (all)
+    lengths: str = "search"  # v2 length mix when tokens is None: "search" or "squad"
 
     def __post_init__(self) -> None:
         if self.name not in WORKLOADS:
@@ -81,6 +89,10 @@ class WorkloadConfig:
             raise ValueError("output names must not be empty")
         if not self.model:
             raise ValueError("model name must not be empty")
+        if self.lengths not in LENGTH_MIXES:
+            raise ValueError(f"unknown length mix {self.lengths!r}; choose one of {sorted(LENGTH_MIXES)}")
+        if self.lengths != "search" and not v2:
+            raise ValueError(f"length mixes other than 'search' apply to the v2 workloads, not {self.name!r}")
         if not 0.0 <= self.long_fraction <= 1.0:
             raise ValueError(f"long_fraction must be in [0, 1], got {self.long_fraction}")
         if self.pool_size < 1:
@@ -90,6 +102,24 @@ class WorkloadConfig:
 def token_count(rng: random.Random, long_fraction: float) -> int:
     low, high = LONG_TOKENS if rng.random() < long_fraction else SHORT_TOKENS
     return rng.randint(low, high)
+
+
+def squad_tokens(rng: random.Random) -> int:
+    """A SQuAD v1.1-like feature length under BERT's preprocessing (question + context window, max 384).
+
+    An approximation, not the data set (which is not shipped): a log-normal bulk around 170 tokens (a
+    ~12-token question and a 120-180 word paragraph) clipped to 40..384, and 3% full 384-token windows of
+    contexts that needed several. Its mean is about 185 tokens.
+    """
+    if rng.random() < SQUAD_FULL:
+        return SQUAD_RANGE[1]
+    return int(min(max(rng.lognormvariate(math.log(SQUAD_MEDIAN), SQUAD_SIGMA), SQUAD_RANGE[0]), SQUAD_RANGE[1]))
+
+
+LENGTH_MIXES: dict[str, Callable[[WorkloadConfig, random.Random], int]] = {
+    "search": lambda config, rng: token_count(rng, config.long_fraction),
+    "squad": lambda config, rng: squad_tokens(rng),
+}
 
 
 def sentence(rng: random.Random, words: int) -> str:
@@ -121,7 +151,7 @@ def rank_payload(config: WorkloadConfig, rng: random.Random) -> Payload:
 
 
 def _v2_tensors(config: WorkloadConfig, rng: random.Random) -> list[tuple[str, np.ndarray]]:
-    length = config.tokens if config.tokens is not None else token_count(rng, config.long_fraction)
+    length = config.tokens if config.tokens is not None else LENGTH_MIXES[config.lengths](config, rng)
     ids = token_ids(rng, length, config.rows)
     return [
         ("input_ids", ids),

@@ -55,8 +55,16 @@ def materialize_minilm(directory: Path) -> None:
 
 
 def materialize_bert_base(directory: Path) -> None:
+    _materialize_seeded("bert-base", directory)
+
+
+def materialize_bert_large(directory: Path) -> None:
+    _materialize_seeded("bert-large", directory)
+
+
+def _materialize_seeded(name: str, directory: Path) -> None:
     from fleetserve.models.weights import minilm_dir
 
-    export_onnx("bert-base", directory / "model.onnx")
-    # BERT-base uses the same uncased WordPiece vocabulary (30522 tokens) as MiniLM.
+    export_onnx(name, directory / "model.onnx")
+    # BERT-base and -large use the same uncased WordPiece vocabulary (30522 tokens) as MiniLM.
     shutil.copy(minilm_dir() / "tokenizer.json", directory / "tokenizer.json")

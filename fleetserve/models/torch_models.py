@@ -16,6 +16,14 @@ from torch import nn
 from fleetserve.models.weights import minilm_dir
 
 BERT_BASE_SEED = 20241202
+BERT_LARGE_SEED = 20261203
+# The seeded zoo models: Hugging Face BertConfig fields (bert-base-uncased, bert-large-uncased shapes) and seed.
+SEEDED: dict[str, tuple[dict[str, int], int]] = {
+    "bert-base": ({"hidden_size": 768, "num_hidden_layers": 12, "num_attention_heads": 12,
+                   "intermediate_size": 3072}, BERT_BASE_SEED),
+    "bert-large": ({"hidden_size": 1024, "num_hidden_layers": 24, "num_attention_heads": 16,
+                    "intermediate_size": 4096}, BERT_LARGE_SEED),
+}
 
 
 class SentenceEncoder(nn.Module):
@@ -48,18 +56,18 @@ def _quietly_from_pretrained(cls: Any, path: str, **kwargs: Any) -> Any:
 
 
 def load_torch_model(name: str, attn_implementation: str = "eager") -> SentenceEncoder:
-    """``minilm`` (real weights), ``bert-base`` (seeded random) or a Hugging Face-style BERT directory."""
+    """``minilm`` (real weights), ``bert-base`` / ``bert-large`` (seeded random) or a Hugging Face-style BERT
+    directory."""
     from transformers import BertConfig, BertModel
 
     kwargs: dict[str, Any] = {"attn_implementation": attn_implementation, "add_pooling_layer": False}
     if name == "minilm":
         bert = _quietly_from_pretrained(BertModel, str(minilm_dir()), **kwargs)
-    elif name == "bert-base":
-        torch.manual_seed(BERT_BASE_SEED)
-        config = BertConfig(
-            vocab_size=30522, hidden_size=768, num_hidden_layers=12, num_attention_heads=12,
-            intermediate_size=3072, max_position_embeddings=512, attn_implementation=attn_implementation,
-        )
+    elif name in SEEDED:
+        shape, seed = SEEDED[name]
+        torch.manual_seed(seed)
+        config = BertConfig(vocab_size=30522, max_position_embeddings=512, attn_implementation=attn_implementation,
+                            **shape)
         bert = BertModel(config, add_pooling_layer=False)
     elif Path(name).is_dir():
         bert = _quietly_from_pretrained(BertModel, name, **kwargs)

@@ -1,7 +1,7 @@
 """The model zoo: short names users type (``minilm``, ``bert-base``, ``tiny``) and what each one is.
 
 A zoo entry knows how to *materialise* itself into the model store (ONNX graph + ``tokenizer.json`` +
-``model.json``). ``minilm`` and ``bert-base`` need torch (export extra) the first time only; ``tiny`` is
+``model.json``). ``minilm``, ``bert-base`` and ``bert-large`` need torch (export extra) the first time only; ``tiny`` is
 built with ``onnx.helper`` and needs nothing beyond the serving dependencies.
 """
 
@@ -56,6 +56,14 @@ ZOO: dict[str, ZooModel] = {
             max_seq=512,
             materialize="fleetserve.models.tiny:materialize_tiny",
             needs_torch=False,
+        ),
+        ZooModel(
+            "bert-large",
+            "BERT-large shape (24 layers, 1024 wide, 16 heads, 512 positions; MLPerf's model), seeded random weights",
+            hidden_size=1024,
+            max_seq=512,
+            materialize="fleetserve.models.export:materialize_bert_large",
+            needs_torch=True,
         ),
     )
 }

@@ -18,6 +18,7 @@ from fleetserve.bench.workloads import (
     Payload,
     WorkloadConfig,
     make_payloads,
+    squad_tokens,
 )
 
 
@@ -156,8 +157,19 @@ def test_v2_outputs_are_requested_by_name(name: str, binary: bool) -> None:
         ({"name": "v2-json", "outputs": ("",)}, "output names"),
         ({"name": "texts", "rows": 4}, "v2 workloads"),
         ({"name": "rank", "outputs": ("sentence_embedding",)}, "v2 workloads"),
+        ({"name": "v2-binary", "lengths": "wiki"}, "unknown length mix"),
+        ({"name": "texts", "lengths": "squad"}, "v2 workloads"),
     ],
 )
 def test_workload_config_validation(kwargs: dict[str, object], message: str) -> None:
     with pytest.raises(ValueError, match=message):
         WorkloadConfig(**kwargs)  # type: ignore[arg-type]
+
+
+def test_squad_lengths_are_question_answering_features_up_to_384() -> None:
+    lengths = np.array([squad_tokens(random.Random(i)) for i in range(4000)])
+    assert lengths.min() >= 40 and lengths.max() == 384
+    assert 150 < np.median(lengths) < 190 and 0.02 < (lengths == 384).mean() < 0.08
+    config = WorkloadConfig("v2-binary", "bert-large", pool_size=64, lengths="squad")
+    shapes = {parse_binary(p)["input_ids"].shape for p in make_payloads(config, random.Random(0))}
+    assert len(shapes) > 10 and all(rows == 1 and 40 <= n <= 384 for rows, n in shapes)

@@ -1,0 +1,132 @@
+"""The GPU benchmark scripts' non-GPU parts (arguments, plans, reports) on CPU, so they cannot rot unseen.
+
+Each script runs on the GPU machine only now and then; a renamed helper (``ShapeProfile.seq_bucket``) once
+crashed a run there. Here each is imported, its arguments parsed, and its report written from a result of
+the shape the GPU run produces.
+"""
+
+from __future__ import annotations
+
+import importlib
+import sys
+from collections.abc import Iterator
+from pathlib import Path
+from types import ModuleType
+
+import pytest
+
+BENCHMARKS = Path(__file__).resolve().parents[2] / "benchmarks"
+
+
+@pytest.fixture(scope="module", autouse=True)
+def on_path() -> Iterator[None]:
+    sys.path.insert(0, str(BENCHMARKS))
+    yield
+    sys.path.remove(str(BENCHMARKS))
+
+
+def script(name: str) -> ModuleType:
+    return importlib.import_module(name)
+
+
+def point(**extra: object) -> dict[str, object]:
+    return {"command": "fleetserve bench http://x --concurrency 8", "concurrency": 8, "req_per_s": 1000.0,
+            "seq_per_s": 32000.0, "p50_ms": 5.0, "p99_ms": 9.0, "errors": 0, "gpu_util": 0.9, "gpu_util_min": 0.85,
+            "replica_gpu_gauge": 0.9, "mean_batch_rows": 64.0, "replica_cores": 1.0, "gateway_cores": 0.5,
+            "bench_cores": 0.5, "machine_cores": 2.0, **extra}
+
+
+def test_gpu_server_raw_phase_replays_the_bucket_the_engine_uses_and_reuses_the_home(tmp_path: Path) -> None:
+    gs = script("gpu_server")
+    cfg, _ = gs.parse_args(["--home", str(tmp_path), "--out", str(tmp_path)])
+    assert gs.graph_seq(cfg) == 128
+    assert gs.graph_seq(gs.parse_args(["--cpu-smoke"])[0]) == 32
+    child = gs.raw_argv(cfg, ["--model", "minilm"])
+    assert child[child.index("--home") + 1] == str(tmp_path) and "--raw" in child and "minilm" in child
+    texts, _ = gs.parse_args(["--workload", "texts", "--phases", "fleet", "--gateway-workers", "6"])
+    assert texts.rows == 1 and texts.phases == ("fleet",) and texts.gateway_workers == 6
+    with pytest.raises(ValueError, match="unknown phases"):
+        gs.parse_args(["--phases", "warp"])
+
+
+def test_gpu_server_report_has_percent_of_raw(tmp_path: Path) -> None:
+    gs = script("gpu_server")
+    cfg, _ = gs.parse_args(["--home", str(tmp_path), "--out", str(tmp_path)])
+    results = {"gpu": "NVIDIA H200", "config": gs.asdict(cfg), "elapsed_s": 100.0,
+               "build": {"command": "fleetserve build bert-base", "ok": True},
+               "raw": {"infer_embedding_only_seq_per_s": 64000.0},
+               "replica": [{"instances": 2, **point()}, {"instances": 4, "concurrency": 64, "skipped": "out of time"}],
+               "fleet": [{"replicas": 2, "gateway_workers": 2, "gateway": "gateway --workers 2", **point()}]}
+    text = gs.markdown(results)
+    assert "| 2 | 8 | 1,000 | 32,000 | 50 | 5.0 | 9.0 |" in text
+    assert "| out of time |" in text and "fleetserve gateway --workers 2" in text
+
+
+def test_gpu_engine_script_parses_and_reports() -> None:
+    pytest.importorskip("torch")
+    gpu = script("gpu")
+    args = gpu.parse_args(["--models", "bert-base", "--engines", "fp8,bert-base/fp8:ffn1=triton", "--batches", "128"])
+    assert gpu.engines_for("bert-base", args.engines) == ["fp8", "fp8:ffn1=triton"]
+    assert gpu.engines_for("minilm", args.engines) == ["fp8"]
+    timing = {"median_ms": 5.0, "p99_ms": 5.5, "seq_per_s": 25600.0}
+    cos = {"mean_cosine": 0.998, "min_cosine": 0.997}
+    result = {"gpu": "NVIDIA H200", "torch": "2.11", "cuda": "13.0", "seq": 128, "nvml_idle": [],
+              "models": {"bert-base": {"eager_attention": "sdpa", "eager": {}, "engines": {
+                  "fp8": {"rows": {128: {"graph": timing, "infer": timing}}, "accuracy_heldout": cos,
+                          "accuracy_bench": cos, "build_s": 3.3, "load_and_capture_s": 0.1},
+                  "bf16": {"error": "RuntimeError: no"}}}}}
+    text = gpu.render(result)
+    assert "| torch-cuda fp8 | 128 | 5.000 | 5.500 | 25,600 |" in text and "bf16: FAILED RuntimeError: no" in text
+
+
+def test_gpu_fleet_counts_efficiency_and_verdict() -> None:
+    gf = script("gpu_fleet")
+    assert gf.gpu_counts(8, ()) == [1, 2, 4, 8] and gf.gpu_counts(1, ()) == [1] and gf.gpu_counts(0, ()) == [1]
+    assert gf.gpu_counts(4, (2, 8)) == [2]
+    assert gf.efficiency({1: 100.0, 2: 190.0, 4: 360.0}) == {1: 1.0, 2: 0.95, 4: 0.9}
+    fc = gf.parse_args(["--gpus", "1,2", "--phases", "throttle"])
+    assert fc.gpus == (1, 2) and fc.phases == ("throttle",) and fc.server.model == "bert-base"
+    with pytest.raises(ValueError, match="shorter than its period"):
+        gf.FleetConfig(stop_ms=100.0)
+    throttle = [{"phase": "healthy", "replicas": 2, "gpus": 1, **point(rate=500.0)},
+                {"phase": "stalled", "replicas": 2, "gpus": 1, **point(rate=500.0, p99_ms=18.0)}]
+    assert "2.00 (goal <= 1.5)" in gf.throttle_verdict(throttle) and "not met" in gf.throttle_verdict(throttle)
+    scale = [{"gpus": 1, "workload": "v2-binary", "gateway_workers": 4, **point()},
+             {"gpus": 2, "workload": "v2-binary", "gateway_workers": 6, **point(seq_per_s=60800.0)}]
+    results = {"gpu": "NVIDIA H200", "gpus_present": 2, "config": gf.asdict(fc), "scale": scale,
+               "throttle": throttle, "efficiency": {"v2-binary": gf.efficiency({1: 32000.0, 2: 60800.0})}}
+    text = gf.markdown(results)
+    assert "| 2 | v2-binary | 6 | 8 | 1,000 | 60,800 | 0.95 |" in text and "| stalled | 2 | 1 | 500 |" in text
+
+
+def test_gpu_mlperf_plans_padded_batches_and_reports_against_mlperf() -> None:
+    gm = script("gpu_mlperf")
+    lengths = gm.sample_lengths(1000)
+    plan = gm.plan_batches(lengths, 128, (64, 128, 256, 384))
+    assert sum(rows for rows, _ in plan) == 1000 and all(rows <= 128 for rows, _ in plan)
+    assert [seq for _, seq in plan] == sorted(seq for _, seq in plan) and plan[-1][1] == 384
+    assert gm.padded_tokens(plan) >= sum(lengths)
+    cfg = gm.parse_args(["--rates", "1000,2000", "--precisions", "fp16"])
+    assert cfg.rates == (1000.0, 2000.0) and cfg.precisions == ("fp16",) and cfg.max_seq == 384
+    with pytest.raises(ValueError, match="largest sequence bucket"):
+        gm.RunConfig(seq_buckets=(64, 128))
+    server = [{"rate": 1000.0, "achieved": 999.0, "errors": 0, "p50_ms": 20.0, "p99_ms": 60.0},
+              {"rate": 2000.0, "achieved": 1990.0, "errors": 0, "p50_ms": 90.0, "p99_ms": 300.0}]
+    assert gm.server_result(server, 130.0) == 999.0
+    offline = [{"precision": "fp16", "samples_per_s": 8100.0, "mean_tokens": 185.0, "padding_overhead": 0.1,
+                "accuracy": {"mean_cosine": 0.9991}}, {"precision": "fp8", "error": "RuntimeError: no"}]
+    text = gm.markdown({"gpu": "NVIDIA H200", "config": gm.asdict(cfg), "offline": offline, "server": server})
+    assert "| fp16 | 8,100 | 185 | 10% | 0.9991 | 7,940 |" in text and "| fp8 | failed: RuntimeError: no" in text
+    assert "server result: 999 samples/s within the bound (MLPerf v4.0 one H100: 6,096)" in text
+
+
+def test_gpu_prepare_pins_the_installed_versions_and_writes_an_env_script(tmp_path: Path) -> None:
+    gp = script("gpu_prepare")
+    pins = gp.pinned(("numpy", "aiohttp"))
+    assert all("==" in p for p in pins) and pins[0].startswith("numpy==")
+    args = gp.parse_args(["--dest", str(tmp_path / "carry"), "--no-weights"])
+    assert args.no_weights and args.python == "3.12" and args.limit_mib == 64.0
+    gp.copy_sources(tmp_path / "src")
+    assert (tmp_path / "src" / "fleetserve" / "replica" / "text.py").is_file()
+    assert (tmp_path / "src" / "benchmarks" / "gpu_server.py").is_file()
+    assert "PYTHONPATH" in gp.ENV_SH.format(dest=".gpu-carry") and gp.tracked_bytes(BENCHMARKS.parent) > 0
