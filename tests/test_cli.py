@@ -20,7 +20,7 @@ def fleetserve(*args: str, env: dict[str, str] | None = None) -> subprocess.Comp
 @pytest.mark.parametrize(
     ("args", "message"),
     [
-        (["build", "gpt-17"], "unknown model 'gpt-17'; valid models: minilm, bert-base, tiny"),
+        (["build", "gpt-17"], "unknown model 'gpt-17'; valid models: minilm, bert-base, bert-large, tiny"),
         (["build", "/nonexistent/model.onnx"], "ONNX file not found"),
         (["build", "tiny", "--precision", "fp16"], "does not support fp16 on cpu"),
         (["build", "tiny", "--precision", "int8", "--calibration", "EMPTY"], "has no text"),

@@ -9,7 +9,7 @@ from fleetserve.engine.base import Precision, ShapeProfile
 from fleetserve.engine.registry import BACKENDS
 from fleetserve.options import option
 
-MODEL_HELP = "minilm, bert-base, tiny, or a path to an .onnx file (a tokenizer.json beside it enables text)"
+MODEL_HELP = "minilm, bert-base, bert-large, tiny, or a path to an .onnx file (a tokenizer.json beside it enables text)"
 
 
 @dataclass(frozen=True)

@@ -50,20 +50,20 @@ ZOO: dict[str, ZooModel] = {
             needs_torch=True,
         ),
         ZooModel(
-            "tiny",
-            "tiny embedding-bag encoder built with onnx.helper (no torch), for fast tests and gateway benchmarks",
-            hidden_size=32,
-            max_seq=512,
-            materialize="fleetserve.models.tiny:materialize_tiny",
-            needs_torch=False,
-        ),
-        ZooModel(
             "bert-large",
             "BERT-large shape (24 layers, 1024 wide, 16 heads, 512 positions; MLPerf's model), seeded random weights",
             hidden_size=1024,
             max_seq=512,
             materialize="fleetserve.models.export:materialize_bert_large",
             needs_torch=True,
+        ),
+        ZooModel(
+            "tiny",
+            "tiny embedding-bag encoder built with onnx.helper (no torch), for fast tests and gateway benchmarks",
+            hidden_size=32,
+            max_seq=512,
+            materialize="fleetserve.models.tiny:materialize_tiny",
+            needs_torch=False,
         ),
     )
 }

@@ -45,7 +45,7 @@ def test_minilm_export_matches_pytorch() -> None:
 def test_unknown_model_lists_valid_names() -> None:
     from fleetserve.errors import ModelNotFound
 
-    with pytest.raises(ModelNotFound, match="minilm, bert-base, tiny"):
+    with pytest.raises(ModelNotFound, match="minilm, bert-base, bert-large, tiny"):
         ModelStore().resolve("gpt-17")
 
 
