@@ -131,7 +131,7 @@ def workload_cfg(cfg: gs.RunConfig, workload: str) -> gs.RunConfig:
 def run_scale(fc: FleetConfig, ns: list[int], present: int, deadline: gs.Deadline, gpu: gs.GpuSampler,
               results: dict[str, Any]) -> None:
     for n in ns:
-        if deadline.left() < 60:
+        if deadline.left() < 40:
             results["scale"].append({"gpus": n, "skipped": "out of time"})
             continue
         try:
@@ -154,7 +154,7 @@ def run_throttle(fc: FleetConfig, present: int, deadline: gs.Deadline, gpu: gs.G
     n = max(present, 1)
     replicas = max(n, 2)  # one GPU: two replicas share it, so one can stall while the other serves
     cfg = workload_cfg(fc.server, fc.workloads[0])
-    if deadline.left() < 60:
+    if deadline.left() < 40:
         results["throttle"].append({"skipped": "out of time"})
         return
     fleet = Fleet(cfg, replicas, present, deadline)
