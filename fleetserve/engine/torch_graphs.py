@@ -7,10 +7,6 @@ pads it to the nearest captured bucket, uploads asynchronously, replays the grap
 outputs asked for and cuts them back to the request's own shape. The graphs of one instance share one
 memory pool: an instance runs one batch at a time, so their intermediates never live at once.
 Instances share the engine's weights, so several of them run concurrently on one GPU.
-
-A call waits for its batch on an event made with ``cudaEventBlockingSync`` (``torch.cuda.Event(blocking=True)``):
-the waiting thread sleeps instead of spinning (a stream synchronise spins by default), so several replicas
-and instances sharing a GPU do not burn a core each while their batches queue behind the others'.
 """
 
 from __future__ import annotations
@@ -50,7 +46,6 @@ class GraphInstance:
         self._hidden = encoder.cfg.hidden
         self._lock = threading.Lock()
         self._stream = torch.cuda.Stream(device)
-        self._done = torch.cuda.Event(blocking=True)
         cap = profile.max_batch * profile.max_seq
         self._staging = PinnedInputs(cap)
         self._limits = token_limits(encoder.cfg)
@@ -118,8 +113,7 @@ class GraphInstance:
             if HIDDEN in want:
                 host_hidden = self._hidden_buffer()[: b * sb * self._hidden].view(b, sb, self._hidden)
                 host_hidden.copy_(hidden[:b], non_blocking=True)
-            self._done.record(self._stream)
-            self._done.synchronize()
+            self._stream.synchronize()
             # Copies: the pinned buffers are reused by the next call.
             if EMBEDDING in want:
                 result[EMBEDDING] = host_emb.numpy().copy()
