@@ -27,7 +27,7 @@ $(STAMP): pyproject.toml
 	$(PIP) install --upgrade pip
 	# torch only for exporting the zoo models; 2.13.0 is the CPU wheel on this machine's disk.
 	$(PIP) install torch==2.13.0
-	$(PIP) install -e '.[export,test,fast,plot,gpu]'
+	$(PIP) install -e '.[export,test,fast,plot,gpu,trace]'
 	touch $@
 
 system-deps:

@@ -46,7 +46,7 @@ class InMemory:
         self._i += 1
         return REPORTS[self._i & 3]
 
-    def send(self, ep: Endpoint, timeout_s: float) -> Coroutine[Any, Any, str]:
+    def send(self, ep: Endpoint, timeout_s: float, traceparent: str | None) -> Coroutine[Any, Any, str]:
         return self._reply()
 
     def answered(self, ep: Endpoint, reply: str) -> Outcome[str]:

@@ -30,6 +30,7 @@ from fleetserve.batching.collator import Batch, Collator, Pending
 from fleetserve.batching.config import BatcherConfig
 from fleetserve.batching.observer import BatchObserver, NullObserver
 from fleetserve.batching.tensors import Request, TensorLayout
+from fleetserve.batching.timing import TIMING, JobTiming
 from fleetserve.engine.base import Engine, EngineInstance
 from fleetserve.errors import InvalidInput, NotReady, Overloaded, RequestExpired
 
@@ -42,6 +43,7 @@ class _Job:
     future: asyncio.Future[dict[str, np.ndarray]]
     timeout_s: float | None
     outputs: frozenset[str] | None = None  # None: every output
+    timing: JobTiming | None = None  # filled in for a caller that asked (see .timing)
 
 
 class Batcher:
@@ -182,8 +184,11 @@ class Batcher:
                 raise RequestExpired(f"the request's deadline passed {now - deadline:.3f}s before it could be "
                                      "queued; it was not run")
             expires = deadline if expires is None else min(expires, deadline)
+        timing = TIMING.get()
         job = _Job(request, asyncio.get_running_loop().create_future(), None if expires is None else expires - now,
-                   wanted)
+                   wanted, timing)
+        if timing is not None:
+            timing.queued_ns = time.time_ns()
         try:
             entry = self._collator.push(
                 job, rows=request.rows, bucket=bucket, priority=level, now=now, deadline=expires,
@@ -258,6 +263,13 @@ class Batcher:
         instance = self._idle.pop()
         self._inflight_rows += batch.rows
         waits = [now - e.enqueued_at for e in batch.entries]
+        for entry in batch.entries:
+            timing = entry.payload.timing
+            if timing is not None:
+                timing.dispatched_ns = time.time_ns()
+                timing.batch_rows = batch.rows
+                timing.seq = batch.seq
+                timing.instance = self._instances.index(instance)
         task = asyncio.create_task(self._run(instance, batch, waits))
         self._tasks.add(task)
         task.add_done_callback(self._tasks.discard)
@@ -276,6 +288,8 @@ class Batcher:
                     job.future.set_exception(exc)
         else:
             for job, result in zip(jobs, results, strict=True):
+                if job.timing is not None:
+                    job.timing.finished_ns = time.time_ns()
                 if not job.future.done():
                     job.future.set_result(result)
             self._observer.on_batch(batch.rows, seq, waits, compute_s)

@@ -17,7 +17,7 @@ from fleetserve.bench.plot import PlotUnavailable, plot_report
 from fleetserve.engine.base import Precision
 from fleetserve.engine.builder import build
 from fleetserve.errors import UsageError
-from fleetserve.fleet.config import FleetConfig, replica_config
+from fleetserve.fleet.config import FleetConfig, gateway_config, replica_config
 from fleetserve.fleet.supervisor import Supervisor
 from fleetserve.options import Parser, add_options, help_formatter, option, resolve
 
@@ -37,8 +37,10 @@ class DemoOptions:
 async def demo(options: DemoOptions) -> int:
     fleet = FleetConfig(replicas=options.replicas, gateway_port=options.port, base_port=options.base_port,
                         status_interval_s=5.0)
-    replica = replica_config(options.model, ("--drain-grace-s", "1"), {"engine.precision": options.precision})
-    supervisor = Supervisor(fleet, replica)
+    # No access log: a line per request from every process would bury the report (the demo sends thousands).
+    replica = replica_config(options.model, ("--drain-grace-s", "1", "--access-log-rate", "0"),
+                             {"engine.precision": options.precision})
+    supervisor = Supervisor(fleet, replica, gateway_config(("--access-log-rate", "0")))
     stop = asyncio.Event()
     fleet_task = asyncio.create_task(supervisor.run(stop))
     try:

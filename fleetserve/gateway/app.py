@@ -24,6 +24,8 @@ from fleetserve.gateway.forward.core import Forwarder
 from fleetserve.gateway.forward.http import HttpForwarding
 from fleetserve.gateway.forward.upstream import UpstreamPools
 from fleetserve.gateway.metrics import NO_BACKEND, GatewayMetrics
+from fleetserve.gateway.tracing import tracing_middleware
+from fleetserve.telemetry import otel
 from fleetserve.telemetry.tracing import IdGenerator, request_id
 from fleetserve.wire import REQUEST_ID_HEADER, error_response
 
@@ -55,15 +57,18 @@ def build_app(config: GatewayConfig, forwarder: Forwarder, balancer: Balancer, p
               metrics: GatewayMetrics, guards: EdgeGuards, ids: IdGenerator,
               middlewares: Sequence[Middleware] = (),
               exposition: Callable[[], Awaitable[bytes]] | None = None,
-              autoscaler: GatewayAutoscaler | None = None) -> web.Application:
-    """The application: ``guards``' middlewares outermost, then ``middlewares``, then the routes.
-    ``exposition`` answers ``/metrics`` (default: this process's metrics); ``autoscaler`` serves the
-    autoscale routes (404/409 without one)."""
+              autoscaler: GatewayAutoscaler | None = None,
+              tracing: otel.Tracing | None = None) -> web.Application:
+    """The application: the tracing middleware outermost when ``tracing`` is on (so a request's span holds the
+    guards' time), then ``guards``' middlewares, then ``middlewares``, then the routes. ``exposition`` answers
+    ``/metrics`` (default: this process's metrics); ``autoscaler`` serves the autoscale routes (404/409
+    without one)."""
+    traced = () if tracing is None else (tracing_middleware(tracing),)
     app = web.Application(
-        middlewares=[*guards.middlewares, *middlewares, _json_errors(metrics, ids)],
+        middlewares=[*traced, *guards.middlewares, *middlewares, _json_errors(metrics, ids)],
         **app_kwargs(config.edge.limits),
     )
-    forwarding = HttpForwarding(forwarder, pools, metrics, config, ids)
+    forwarding = HttpForwarding(forwarder, pools, metrics, config, ids, tracing)
     add_admin_routes(app, balancer, metrics, exposition or metrics.exposition, autoscaler)
     for path in PROXIED_PATHS:
         app.router.add_route("GET", path, forwarding.handle)

@@ -27,6 +27,8 @@ from fleetserve.gateway.edge.config import EdgeConfig
 from fleetserve.gateway.forward.hedge import HedgeConfig
 from fleetserve.gateway.forward.upstream import PoolConfig
 from fleetserve.options import option, section
+from fleetserve.telemetry.access_log import AccessLogConfig
+from fleetserve.telemetry.otel import TracingConfig
 
 DISCOVERY_KINDS = ("static", "file", "dns", "actuator")
 
@@ -75,6 +77,8 @@ class GatewayConfig:
     edge: EdgeConfig = field(default_factory=EdgeConfig)
     hedge: HedgeConfig = section(HedgeConfig, "hedging")
     autoscale: AutoscaleConfig = section(AutoscaleConfig, "autoscaling")
+    tracing: TracingConfig = section(TracingConfig, "tracing (OpenTelemetry)")
+    access_log: AccessLogConfig = section(AccessLogConfig, "access log")
 
     def __post_init__(self) -> None:
         _port("port", self.port)

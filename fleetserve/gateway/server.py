@@ -43,6 +43,8 @@ from fleetserve.gateway.forward.http import readiness_probe
 from fleetserve.gateway.forward.upstream import UpstreamPools
 from fleetserve.gateway.metrics import GatewayMetrics
 from fleetserve.gateway.scrape import WorkerScrape, WorkerSet
+from fleetserve.telemetry import otel
+from fleetserve.telemetry.access_log import AccessLog
 from fleetserve.telemetry.tracing import IdGenerator
 from fleetserve.wire import retry_after
 
@@ -139,6 +141,8 @@ async def serve_gateway(
     if autoscaler is not None:
         background.append(autoscaler.run())
     tasks = [asyncio.create_task(coro) for coro in background]
+    tracing = otel.start_tracing(config.tracing, "fleetserve-gateway")
+    lines = AccessLog.create(config.access_log)
     runner: web.AppRunner | None = None
     grpc_server: grpc.aio.Server | None = None
     scrape = None if workers is None else WorkerScrape(workers, metrics.render)
@@ -155,10 +159,10 @@ async def serve_gateway(
         ids = IdGenerator()
         extra = middlewares(metrics.registry) if middlewares else ()
         app = build_app(config, forwarder, balancer, upstreams, metrics, guards, ids, extra,
-                        None if scrape is None else scrape.render, autoscaler)
+                        None if scrape is None else scrape.render, autoscaler, tracing)
         # handler_cancellation: a client that hangs up cancels its request's task, and with it the attempt
         # in flight, whose upstream connection closes, so the replica sees the disconnect too.
-        runner = web.AppRunner(app, access_log_class=access.access_logger(metrics), access_log=access.LOGGER,
+        runner = web.AppRunner(app, access_log_class=access.access_logger(metrics, lines), access_log=access.LOGGER,
                                handle_signals=False, shutdown_timeout=SHUTDOWN_GRACE_S,
                                handler_cancellation=True, **server_kwargs(config.edge.limits))
         await runner.setup()
@@ -169,7 +173,8 @@ async def serve_gateway(
         if config.grpc_port:
             handler = GrpcForwarding(forwarder, balancer, guards.grpc, metrics, channels,
                                      default_timeout_s=config.request_timeout_ms / 1000.0,
-                                     max_timeout_s=config.max_request_timeout_ms / 1000.0, ids=ids)
+                                     max_timeout_s=config.max_request_timeout_ms / 1000.0, ids=ids,
+                                     tracing=tracing, access=lines)
             grpc_server, grpc_port = await start_grpc_server(handler, config.host, config.grpc_port,
                                                              config.edge.limits, reuse_port=reuse_port)
         yield GatewayHandle(config, balancer, metrics, upstreams, port, grpc_port, guards, autoscaler)
@@ -185,3 +190,5 @@ async def serve_gateway(
         await channels.close()
         if scrape is not None:
             await scrape.close()
+        if tracing is not None:
+            await asyncio.to_thread(tracing.shutdown)  # exports what is queued

@@ -7,6 +7,8 @@ from dataclasses import dataclass
 from fleetserve.engine.config import EngineConfig
 from fleetserve.eventloop import LOOPS
 from fleetserve.options import option, section
+from fleetserve.telemetry.access_log import AccessLogConfig
+from fleetserve.telemetry.otel import TracingConfig
 
 PADDING = ("bucket", "longest", "fixed")
 
@@ -50,6 +52,8 @@ class ReplicaConfig:
     warmup_delay_s: float = option(0.0, "fault injection: seconds between warm-up and turning ready (a slow "
                                    "engine load or image pull, for autoscaling experiments)")
     loop: str = option("auto", "event loop (auto: uvloop if installed)", choices=LOOPS)
+    tracing: TracingConfig = section(TracingConfig, "tracing (OpenTelemetry)")
+    access_log: AccessLogConfig = section(AccessLogConfig, "access log")
 
     def __post_init__(self) -> None:
         for name in ("port", "grpc_port"):

@@ -11,12 +11,17 @@ trailing metadata carries the replica's ORCA load report (``endpoint-load-metric
 A call's deadline bounds its time in the batcher's queue (work still queued at the deadline is dropped,
 never run), and a call the client cancels, or whose deadline passes, has its handler cancelled by grpc.aio,
 which takes its request out of the queue.
+
+``ModelInfer`` writes one access-log line per call and, with tracing on, the spans of :mod:`.tracing`.
 """
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
 import functools
 import logging
+import time
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from typing import Any, NoReturn, TypeVar
@@ -43,9 +48,15 @@ from fleetserve.replica.load import LoadReporter
 from fleetserve.replica.model import ModelRepository, ServedModel
 from fleetserve.replica.proto import grpc_service_pb2 as pb
 from fleetserve.replica.proto import grpc_service_pb2_grpc as pb_grpc
+from fleetserve.replica.tracing import RequestSpans, server_span
+from fleetserve.telemetry import otel
+from fleetserve.telemetry.access_log import AccessLog
 from fleetserve.wire import LOAD_REPORT_HEADER, RETRY_AFTER, retry_after
 
 log = logging.getLogger(__name__)
+
+_SERVICE = "inference.GRPCInferenceService"
+_INFER_METHOD = f"/{_SERVICE}/ModelInfer"
 
 Req = TypeVar("Req")
 Resp = TypeVar("Resp")
@@ -197,10 +208,13 @@ def encode_model_infer(
 class InferenceServicer:
     """The ``inference.GRPCInferenceService`` methods over a :class:`ModelRepository`."""
 
-    def __init__(self, repo: ModelRepository, limits: CodecLimits, load: LoadReporter | None = None) -> None:
+    def __init__(self, repo: ModelRepository, limits: CodecLimits, load: LoadReporter | None = None,
+                 tracing: otel.Tracing | None = None, access: AccessLog | None = None) -> None:
         self._repo = repo
         self._limits = limits
         self._load = load
+        self._tracing = tracing
+        self._access = access
 
     def _load_trailer(self) -> tuple[tuple[str, str], ...]:
         return () if self._load is None else ((LOAD_REPORT_HEADER, self._load.report()),)
@@ -248,18 +262,53 @@ class InferenceServicer:
     async def ModelInfer(
         self, request: pb.ModelInferRequest, context: grpc.aio.ServicerContext
     ) -> pb.ModelInferResponse:
+        tracing = self._tracing
+        if tracing is None and self._access is None:
+            return await self._infer(request, context, None)
+        started = time.perf_counter()
+        carrier = {k: v for k, v in (context.invocation_metadata() or ()) if isinstance(v, str)}
+        attributes = {"rpc.system": "grpc", "rpc.service": _SERVICE, "rpc.method": "ModelInfer"}
+        span = None
+        if tracing is not None and tracing.samples(carrier.get("traceparent")):
+            span = server_span(tracing, f"{_SERVICE}/ModelInfer", carrier, attributes)
+        status, code, answer = 500, grpc.StatusCode.INTERNAL, None
+        try:
+            answer = await self._infer(request, context, RequestSpans.of(tracing, span))
+            status, code = 200, grpc.StatusCode.OK
+            return answer
+        except FleetserveError as exc:
+            status, code = exc.http_status, grpc.StatusCode[exc.grpc_code]
+            raise
+        except asyncio.CancelledError:
+            status, code = 499, grpc.StatusCode.CANCELLED
+            raise
+        finally:
+            if span is not None:
+                otel.end_server_span(span, status, grpc_code=code.value[0])
+            if self._access is not None:
+                trace_id = None if span is None else otel.trace_id(span)
+                self._access.request("POST", _INFER_METHOD, status, time.perf_counter() - started,
+                                     trace_id=trace_id, bytes_in=request.ByteSize(),
+                                     bytes_out=0 if answer is None else answer.ByteSize())
+
+    async def _infer(self, request: pb.ModelInferRequest, context: grpc.aio.ServicerContext,
+                     spans: RequestSpans | None) -> pb.ModelInferResponse:
         deadline = remaining_deadline(context.time_remaining())
         model = self._repo.get(request.model_name, request.model_version)
-        decoded = decode_model_infer(request, model, self._limits)
-        results = await model.infer(
-            decoded.inputs, priority=decoded.priority, timeout_s=decoded.timeout_s,
-            outputs=[o.name for o in decoded.outputs], deadline=deadline,
-        )
-        return encode_model_infer(model, decoded, results)
+        with contextlib.nullcontext() if spans is None else spans.stage("decode"):
+            decoded = decode_model_infer(request, model, self._limits)
+        with contextlib.nullcontext() if spans is None else spans.batched():  # queue wait and batch
+            results = await model.infer(
+                decoded.inputs, priority=decoded.priority, timeout_s=decoded.timeout_s,
+                outputs=[o.name for o in decoded.outputs], deadline=deadline,
+            )
+        with contextlib.nullcontext() if spans is None else spans.stage("encode"):
+            return encode_model_infer(model, decoded, results)
 
 
 async def start_grpc_server(repo: ModelRepository, config: GrpcServerConfig, limits: CodecLimits,
-                            load: LoadReporter | None = None) -> GrpcServerHandle:
+                            load: LoadReporter | None = None, tracing: otel.Tracing | None = None,
+                            access: AccessLog | None = None) -> GrpcServerHandle:
     """Bind and start the gRPC server; stop it with ``await handle.stop(grace_s)``."""
     server = grpc.aio.server(
         options=[
@@ -268,7 +317,7 @@ async def start_grpc_server(repo: ModelRepository, config: GrpcServerConfig, lim
         ],
         maximum_concurrent_rpcs=config.max_concurrent_rpcs,
     )
-    pb_grpc.add_GRPCInferenceServiceServicer_to_server(InferenceServicer(repo, limits, load), server)
+    pb_grpc.add_GRPCInferenceServiceServicer_to_server(InferenceServicer(repo, limits, load, tracing, access), server)
     port = server.add_insecure_port(config.address())
     await server.start()
     return GrpcServerHandle(server, port)

@@ -12,6 +12,7 @@ everyone else.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import functools
 import logging
 from collections.abc import Awaitable, Callable
@@ -24,6 +25,8 @@ from fleetserve.errors import FleetserveError, NotReady
 from fleetserve.replica.codec import HEADER_LENGTH, CodecLimits, decode_infer_request, encode_infer_response
 from fleetserve.replica.deadline import forwarded_deadline
 from fleetserve.replica.model import ModelRepository, ServedModel
+from fleetserve.replica.tracing import SPAN_KEY, RequestSpans
+from fleetserve.telemetry import otel
 from fleetserve.wire import RETRY_AFTER, TIMEOUT_HEADER, error_response, retry_after
 
 log = logging.getLogger(__name__)
@@ -98,9 +101,10 @@ def model_config(model: ServedModel) -> dict[str, object]:
 
 
 class _KServeHandlers:
-    def __init__(self, repo: ModelRepository, limits: CodecLimits) -> None:
+    def __init__(self, repo: ModelRepository, limits: CodecLimits, tracing: otel.Tracing | None) -> None:
         self._repo = repo
         self._limits = limits
+        self._tracing = tracing
 
     def _model(self, request: web.Request) -> ServedModel:
         return self._repo.get(request.match_info["model"], request.match_info.get("version"))
@@ -131,31 +135,35 @@ class _KServeHandlers:
         return web.json_response({"name": model.name, "ready": True})
 
     async def infer(self, request: web.Request) -> web.StreamResponse:
+        spans = None if self._tracing is None else RequestSpans.of(self._tracing, request.get(SPAN_KEY))
         deadline = forwarded_deadline(request.headers.get(TIMEOUT_HEADER))
         model = self._model(request)
-        body = await request.read()
-        decoded = await _maybe_offload(
-            len(body),
-            decode_infer_request,
-            body,
-            request.headers.get(HEADER_LENGTH),
-            inputs=model.inputs,
-            outputs=model.outputs,
-            limits=self._limits,
-        )
-        results = await model.infer(
-            decoded.inputs, priority=decoded.priority, timeout_s=decoded.timeout_s,
-            outputs=[o.name for o in decoded.outputs], deadline=deadline,
-        )
-        payload, header_length = await _maybe_offload(
-            sum(getattr(a, "nbytes", 0) for a in results.values()),
-            encode_infer_response,
-            model_name=model.name,
-            model_version=model.version,
-            request=decoded,
-            results=results,
-            outputs=model.outputs,
-        )
+        with _stage(spans, "decode"):
+            body = await request.read()
+            decoded = await _maybe_offload(
+                len(body),
+                decode_infer_request,
+                body,
+                request.headers.get(HEADER_LENGTH),
+                inputs=model.inputs,
+                outputs=model.outputs,
+                limits=self._limits,
+            )
+        with contextlib.nullcontext() if spans is None else spans.batched():  # queue wait and batch
+            results = await model.infer(
+                decoded.inputs, priority=decoded.priority, timeout_s=decoded.timeout_s,
+                outputs=[o.name for o in decoded.outputs], deadline=deadline,
+            )
+        with _stage(spans, "encode"):
+            payload, header_length = await _maybe_offload(
+                sum(getattr(a, "nbytes", 0) for a in results.values()),
+                encode_infer_response,
+                model_name=model.name,
+                model_version=model.version,
+                request=decoded,
+                results=results,
+                outputs=model.outputs,
+            )
         if header_length is None:
             return web.Response(body=payload, content_type="application/json")
         return web.Response(
@@ -165,13 +173,19 @@ class _KServeHandlers:
         )
 
 
-def add_kserve_routes(app: web.Application, repo: ModelRepository, limits: CodecLimits) -> None:
+def _stage(spans: RequestSpans | None, name: str) -> contextlib.AbstractContextManager[None]:
+    """A span around a stage of a traced request; nothing for an untraced one."""
+    return contextlib.nullcontext() if spans is None else spans.stage(name)
+
+
+def add_kserve_routes(app: web.Application, repo: ModelRepository, limits: CodecLimits,
+                      tracing: otel.Tracing | None = None) -> None:
     """Mount ``/v2`` health, metadata and inference routes (with ``/versions/{version}`` forms) on ``app``.
 
     The request body bound is the application's ``client_max_size``; keep it above
     ``limits.max_json_bytes`` plus ``limits.max_total_bytes`` so the codec's clearer limits apply first.
     """
-    h = _KServeHandlers(repo, limits)
+    h = _KServeHandlers(repo, limits, tracing)
     app.router.add_get("/v2", guarded(h.server_metadata))
     app.router.add_get("/v2/health/live", guarded(h.live))
     app.router.add_get("/v2/health/ready", guarded(h.ready))

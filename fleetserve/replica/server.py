@@ -35,6 +35,8 @@ from fleetserve.replica.load import LoadMeter, LoadReporter
 from fleetserve.replica.model import ModelRepository
 from fleetserve.replica.served import BatchedModel
 from fleetserve.replica.text import TextLimits, TextService
+from fleetserve.telemetry import otel
+from fleetserve.telemetry.access_log import AccessLog
 from fleetserve.telemetry.gpu import GpuMonitor
 from fleetserve.telemetry.metrics import ReplicaMetrics
 
@@ -54,6 +56,7 @@ class Replica:
     grpc: GrpcServerHandle | None
     http_port: int
     gpu: GpuMonitor | None = None
+    tracing: otel.Tracing | None = None
 
     async def drain(self) -> None:
         cfg = self.config
@@ -69,6 +72,8 @@ class Replica:
         await self.runner.cleanup()
         if self.gpu is not None:
             self.gpu.stop()
+        if self.tracing is not None:
+            await asyncio.to_thread(self.tracing.shutdown)  # exports what is queued
         log.info("drained; exiting")
 
 
@@ -123,8 +128,10 @@ async def start_replica(config: ReplicaConfig) -> Replica:
 
     gpu = _gpu_monitor(config.engine.device, metrics)
     load = LoadReporter(batcher, meter, gpu.load_metrics if gpu is not None else None)
+    tracing = otel.start_tracing(config.tracing, "fleetserve-replica")
+    access = AccessLog.create(config.access_log)
     app = build_app(repo, batcher, metrics, text=text, limits=limits, max_body_bytes=config.max_body_bytes,
-                    load=load)
+                    load=load, tracing=tracing, access=access)
     # handler_cancellation: a client that hangs up cancels its handler, which takes its work out of the queue.
     runner = web.AppRunner(app, access_log=None, handle_signals=False, shutdown_timeout=config.drain_timeout_s,
                            handler_cancellation=True)
@@ -134,8 +141,9 @@ async def start_replica(config: ReplicaConfig) -> Replica:
     http_port = runner.addresses[0][1]
     grpc = None
     if config.grpc_port:
-        grpc = await start_grpc_server(repo, GrpcServerConfig(config.host, config.grpc_port), limits, load)
-    return Replica(config, repo, model, batcher, metrics, runner, grpc, http_port, gpu)
+        grpc = await start_grpc_server(repo, GrpcServerConfig(config.host, config.grpc_port), limits, load,
+                                       tracing, access)
+    return Replica(config, repo, model, batcher, metrics, runner, grpc, http_port, gpu, tracing)
 
 
 async def serve(config: ReplicaConfig) -> int:

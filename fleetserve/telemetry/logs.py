@@ -40,8 +40,12 @@ class _StderrHandler(logging.StreamHandler):
 
 
 class TraceIdFilter(logging.Filter):
+    """The current request's trace id onto the record, unless the caller gave one (``extra={"trace_id": ...}``:
+    a line written after its request's context ended, such as an access-log line)."""
+
     def filter(self, record: logging.LogRecord) -> bool:
-        record.trace_id = trace_id_var.get()
+        if getattr(record, "trace_id", None) is None:
+            record.trace_id = trace_id_var.get()
         return True
 
 

@@ -2,8 +2,9 @@
 
 The gateway is one hop of a trace: it keeps the caller's trace id and sampling flag and gives the
 request a new parent id (its own span id) before forwarding, per https://www.w3.org/TR/trace-context/
-§3.2 and §4.3. An absent or invalid ``traceparent`` starts a new trace, not sampled: the gateway
-records no spans itself, and forcing sampling on would make every replica export every request.
+§3.2 and §4.3. With tracing off (the default) an absent or invalid ``traceparent`` starts a new trace,
+not sampled: forcing sampling on would make every replica export every request. With tracing on
+(:mod:`.otel`), a sampled request's own spans take this place, and the one it forwards is its attempt's.
 ``tracestate`` travels with a valid ``traceparent`` unchanged and is dropped with an invalid one.
 
 ``X-Request-ID`` from the client is kept when it is a short token (it ends up in logs), else replaced.

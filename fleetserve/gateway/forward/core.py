@@ -34,7 +34,7 @@ to one replica and how to classify what came back. The core does the rest, the s
   ``arrival()`` per request, one ``observe()`` per attempt a replica answered (latency, failed, load report).
 
 A client that goes away cancels the task running :meth:`Forwarder.forward`; the cancellation reaches the
-attempt in flight, which closes its upstream connection or cancels its call the same way.
+attempt in flight, which closes its upstream connection or cancels its call the same way. Spans: :mod:`..tracing`.
 """
 
 from __future__ import annotations
@@ -52,6 +52,7 @@ from fleetserve.gateway.balance.load import outstanding
 from fleetserve.gateway.edge.metrics import RejectionObserver
 from fleetserve.gateway.forward.hedge import HedgeConfig, Hedger, race
 from fleetserve.gateway.metrics import NO_BACKEND, GatewayMetrics
+from fleetserve.gateway.tracing import ForwardSpans, traced_pick
 from fleetserve.wire import parse_load_report
 
 A = TypeVar("A")
@@ -83,8 +84,8 @@ class Outcome(Generic[A]):
 class Exchange(Protocol[R, A]):
     """One client request as a protocol adapter carries it to replicas."""
 
-    def send(self, ep: Endpoint, timeout_s: float) -> Awaitable[R]:
-        """Send the request to ``ep``; the awaitable gives the replica's reply or raises."""
+    def send(self, ep: Endpoint, timeout_s: float, traceparent: str | None) -> Awaitable[R]:
+        """Send the request to ``ep`` with ``traceparent`` (None: untraced); the awaitable gives the reply or raises."""
         ...
 
     def answered(self, ep: Endpoint, reply: R) -> Outcome[A]:
@@ -125,7 +126,7 @@ class Forwarder:
         return self._clock
 
     async def forward(self, ctx: RequestContext, exchange: Exchange[Any, A], deadline: float,
-                      timeout_s: float) -> Outcome[A]:
+                      timeout_s: float, spans: ForwardSpans | None = None) -> Outcome[A]:
         """Forward one request until ``deadline`` (on :attr:`clock`); the outcome to give the client."""
         balancer = self._balancer
         tried: list[Endpoint] = []
@@ -133,8 +134,8 @@ class Forwarder:
         hedge_delay = self._hedger.delay_s(ctx.method, ctx.path)
         if self._signals is not None:
             self._signals.arrival()
-        for left in range(self._attempts, 0, -1):
-            ep = balancer.pick(ctx, tried)
+        for n, left in enumerate(range(self._attempts, 0, -1)):  # n: retries so far
+            ep = traced_pick(spans, balancer, ctx, tried, self._clock)
             if ep is None and outcome is None and self._holds is not None and not balancer.capped():
                 held = await self._hold(ctx, deadline)
                 if isinstance(held, Outcome):
@@ -150,7 +151,7 @@ class Forwarder:
             # No other replica to retry on: this attempt may take all the time left.
             try_deadline = self._try_deadline(now, deadline, left if balancer.has_other((*tried, ep)) else 1)
             if outcome is None:
-                outcome = await self._first(ctx, exchange, ep, try_deadline, deadline, tried, hedge_delay)
+                outcome = await self._first(ctx, exchange, ep, try_deadline, deadline, tried, hedge_delay, spans)
             else:
                 budgeted = outcome.sent
                 if budgeted and not balancer.retry_budget.try_acquire():
@@ -158,7 +159,7 @@ class Forwarder:
                     break
                 self._metrics.retries.inc()
                 try:
-                    outcome = await self._attempt(ctx, exchange, balancer.start(ep), try_deadline, deadline)
+                    outcome = await self._attempt(ctx, exchange, balancer.start(ep), try_deadline, deadline, spans, n)
                 finally:
                     if budgeted:
                         balancer.retry_budget.release()
@@ -192,23 +193,24 @@ class Forwarder:
         return now + (deadline - now) / attempts_left
 
     async def _first(self, ctx: RequestContext, exchange: Exchange[Any, A], ep: Endpoint, try_deadline: float,
-                     deadline: float, tried: list[Endpoint], hedge_delay: float | None) -> Outcome[A]:
+                     deadline: float, tried: list[Endpoint], hedge_delay: float | None,
+                     spans: ForwardSpans | None) -> Outcome[A]:
         """The first attempt, raced against a hedged copy on another replica if it is slower than
         ``hedge_delay``; the first answer that is not a retryable failure wins and the other attempt is
         cancelled. A hedge's replica joins ``tried``, so a retry after both failed goes elsewhere."""
-        first = self._attempt(ctx, exchange, self._balancer.start(ep), try_deadline, deadline)
+        first = self._attempt(ctx, exchange, self._balancer.start(ep), try_deadline, deadline, spans, 0)
         if hedge_delay is None:
             return await first
         hedge: Ticket | None = None
 
         def start_hedge() -> Coroutine[Any, Any, Outcome[A]] | None:
             nonlocal hedge
-            target = self._hedge_target(ctx, [*tried, ep], deadline)
+            target = self._hedge_target(ctx, [*tried, ep], deadline, spans)
             if target is None:
                 return None
             tried.append(target)
             hedge = self._balancer.start(target)
-            return self._attempt(ctx, exchange, hedge, try_deadline, deadline)
+            return self._attempt(ctx, exchange, hedge, try_deadline, deadline, spans, 0, hedge=True)
 
         sent_at = self._clock()
         try:
@@ -224,7 +226,8 @@ class Forwarder:
                 self._balancer.load(ep).outpaced(now - sent_at, now)
         return outcome
 
-    def _hedge_target(self, ctx: RequestContext, exclude: list[Endpoint], deadline: float) -> Endpoint | None:
+    def _hedge_target(self, ctx: RequestContext, exclude: list[Endpoint], deadline: float,
+                      spans: ForwardSpans | None) -> Endpoint | None:
         """Another replica for a hedge; None when no replica or no hedge budget is left."""
         if self._clock() >= deadline:
             return None
@@ -232,7 +235,7 @@ class Forwarder:
         if not budget.available():
             self._metrics.hedges_skipped.labels("budget").inc()
             return None
-        ep = self._balancer.pick(ctx, exclude)
+        ep = traced_pick(spans, self._balancer, ctx, exclude, self._clock)
         if ep is None:
             self._metrics.hedges_skipped.labels("no_backend").inc()
             return None
@@ -243,15 +246,16 @@ class Forwarder:
         budget.take()
         return ep
 
-    async def _attempt(self, ctx: RequestContext, exchange: Exchange[Any, A], ticket: Ticket,
-                       try_deadline: float, deadline: float) -> Outcome[A]:
+    async def _attempt(self, ctx: RequestContext, exchange: Exchange[Any, A], ticket: Ticket, try_deadline: float,
+                       deadline: float, spans: ForwardSpans | None, resends: int, hedge: bool = False) -> Outcome[A]:
         """One attempt, cut at ``try_deadline``; a 504 before the request's ``deadline`` is worth a retry."""
         ep = ticket.endpoint
         started = ticket.started_at
         outcome: Outcome[A] | None = None
+        span, header = (None, None) if spans is None else spans.attempt(ep, resends, hedge)
         try:
             try:
-                reply = await exchange.send(ep, try_deadline - started)
+                reply = await exchange.send(ep, try_deadline - started, header)
             except Exception as exc:
                 outcome = exchange.failed(ep, exc)
             else:
@@ -275,6 +279,8 @@ class Forwarder:
                     if self._signals is not None:
                         self._signals.observe(ep.url, latency, verdict < 500, parse_load_report(outcome.report))
             self._metrics.observe_attempt(ep.url, latency)
+            if spans is not None and span is not None:
+                spans.attempt_done(span, outcome)
 
     def _no_replica(self, failure: str) -> Outcome[Any]:
         message = "no healthy replica is available"

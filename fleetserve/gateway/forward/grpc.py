@@ -18,8 +18,9 @@ balancer nor retried.
 
 from __future__ import annotations
 
+import time
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterable
-from typing import Any, NoReturn
+from typing import TYPE_CHECKING, Any, NoReturn
 
 import grpc
 import grpc.aio
@@ -31,6 +32,9 @@ from fleetserve.gateway.edge.rejection import Rejection
 from fleetserve.gateway.forward.channels import GrpcChannels
 from fleetserve.gateway.forward.core import Forwarder, Outcome
 from fleetserve.gateway.metrics import NO_BACKEND, GatewayMetrics
+from fleetserve.gateway.tracing import ForwardSpans, server_span
+from fleetserve.telemetry import otel
+from fleetserve.telemetry.access_log import AccessLog
 from fleetserve.telemetry.tracing import IdGenerator, next_hop, parse_traceparent, request_id
 from fleetserve.wire import (
     GRPC_HTTP_STATUS,
@@ -49,6 +53,9 @@ _DROP_METADATA = frozenset({"user-agent", "content-type", "te", "host", "tracepa
 _NOT_CONNECTED = "failed to connect to all addresses"
 _MAX_HANDLERS = 64
 
+if TYPE_CHECKING:
+    from opentelemetry.trace import Span
+
 Metadata = list[tuple[str, str | bytes]]
 Reply = tuple[bytes, Any]  # the response message and the replica's trailing metadata
 
@@ -64,20 +71,24 @@ def _load_report(metadata: Any) -> str | None:
 class GrpcExchange:
     """One unary call as the forwarding core carries it."""
 
-    __slots__ = ("_channels", "_metadata", "_method", "_request")
+    __slots__ = ("_channels", "_metadata", "_method", "_request", "_traceparent", "sends")
 
-    def __init__(self, channels: GrpcChannels, method: str, request: bytes, metadata: Metadata) -> None:
+    def __init__(self, channels: GrpcChannels, method: str, request: bytes, metadata: Metadata,
+                 traceparent: str) -> None:
         self._channels = channels
         self._method = method
         self._request = request
         self._metadata = metadata
+        self._traceparent = traceparent
+        self.sends = 0  # attempts, hedges included, for the access log
 
-    def send(self, ep: Endpoint, timeout_s: float) -> Awaitable[Reply]:
-        return self._call(ep, timeout_s)
+    def send(self, ep: Endpoint, timeout_s: float, traceparent: str | None) -> Awaitable[Reply]:
+        self.sends += 1
+        return self._call(ep, timeout_s, traceparent or self._traceparent)
 
-    async def _call(self, ep: Endpoint, timeout_s: float) -> Reply:
+    async def _call(self, ep: Endpoint, timeout_s: float, traceparent: str) -> Reply:
         call = self._channels.unary(ep, self._method)(self._request, timeout=max(0.001, timeout_s),
-                                                      metadata=self._metadata)
+                                                      metadata=[*self._metadata, ("traceparent", traceparent)])
         response: bytes = await call
         return response, await call.trailing_metadata()
 
@@ -104,7 +115,8 @@ class GrpcForwarding(grpc.GenericRpcHandler):
 
     def __init__(self, forwarder: Forwarder, balancer: Balancer, guards: GrpcGuards, metrics: GatewayMetrics,
                  channels: GrpcChannels, *, default_timeout_s: float, max_timeout_s: float,
-                 ids: IdGenerator | None = None) -> None:
+                 ids: IdGenerator | None = None, tracing: otel.Tracing | None = None,
+                 access: AccessLog | None = None) -> None:
         self._forwarder = forwarder
         self._balancer = balancer
         self._guards = guards
@@ -113,6 +125,8 @@ class GrpcForwarding(grpc.GenericRpcHandler):
         self._default_timeout_s = default_timeout_s
         self._max_timeout_s = max_timeout_s
         self._ids = ids if ids is not None else IdGenerator()
+        self._tracing = tracing
+        self._access = access
         self._handlers: dict[str, grpc.RpcMethodHandler] = {}
 
     def service(self, details: grpc.HandlerCallDetails) -> grpc.RpcMethodHandler | None:
@@ -129,32 +143,46 @@ class GrpcForwarding(grpc.GenericRpcHandler):
                 self._handlers[method] = handler
         return handler
 
-    def _metadata(self, context: grpc.aio.ServicerContext) -> tuple[Metadata, dict[str, str], list[str], str]:
-        """What to send on (trace and request id set, identity stripped), the client's text metadata, its
-        ``x-forwarded-for`` values and the request id."""
+    def _metadata(self, context: grpc.aio.ServicerContext, traced: str | None
+                  ) -> tuple[Metadata, dict[str, str], list[str], str, str]:
+        """What to send on (request id set, identity stripped), the client's text metadata, its
+        ``x-forwarded-for`` values, the request id, and the ``traceparent`` to send: ``traced`` (the call's
+        span, when tracing is on), else the next hop of the caller's."""
         incoming = [(k, v) for k, v in (context.invocation_metadata() or ()) if not k.startswith(":")]
         text = {k: v for k, v in incoming if isinstance(v, str)}
         forwarded = [v for k, v in incoming if k == "x-forwarded-for" and isinstance(v, str)]
         rid = request_id(text.get("x-request-id"), self._ids)
         parent = parse_traceparent(text.get("traceparent"))
         metadata: Metadata = [(k, v) for k, v in incoming if k not in _DROP_METADATA and not k.startswith("grpc-")]
-        metadata += [("x-request-id", rid), ("traceparent", next_hop(parent, self._ids).header())]
+        metadata.append(("x-request-id", rid))
+        if traced is None:
+            traced = next_hop(parent, self._ids).header()
         if parent is not None and "tracestate" in text:
             metadata.append(("tracestate", text["tracestate"]))
-        return metadata, text, forwarded, rid
+        return metadata, text, forwarded, rid, traced
 
-    async def _admit(self, method: str, context: grpc.aio.ServicerContext
-                     ) -> tuple[Metadata, dict[str, str], str]:
-        """Run the guards on a call the in-flight cap let in: its metadata to send, text metadata and id."""
-        metadata, text, forwarded, rid = self._metadata(context)
+    async def _admit(self, method: str, context: grpc.aio.ServicerContext, traced: str | None = None
+                     ) -> tuple[Metadata, dict[str, str], str, str]:
+        """Run the guards on a call the in-flight cap let in: its metadata to send, text metadata, id and
+        ``traceparent``."""
+        metadata, text, forwarded, rid, traceparent = self._metadata(context, traced)
         if not self._guards.checking:
-            return metadata, text, rid
+            return metadata, text, rid, traceparent
         admitted = await self._guards.admit(method, text, forwarded, context.peer())
         if isinstance(admitted, Rejection):
             await _refuse(context, admitted)
         if isinstance(admitted, Identity):
             metadata += [(name.lower(), value) for name, value in headers_of(admitted).items()]
-        return metadata, text, rid
+        return metadata, text, rid, traceparent
+
+    def _server_span(self, method: str, context: grpc.aio.ServicerContext) -> Span | None:
+        assert self._tracing is not None
+        carrier = {k: v for k, v in (context.invocation_metadata() or ()) if isinstance(v, str)}
+        if not self._tracing.samples(carrier.get("traceparent")):
+            return None
+        service, _, name = method[1:].rpartition("/")
+        attributes = {"rpc.system": "grpc", "rpc.service": service, "rpc.method": name}
+        return server_span(self._tracing, method[1:], carrier, attributes)
 
     def _timeout_s(self, context: grpc.aio.ServicerContext) -> float:
         remaining = context.time_remaining()
@@ -167,17 +195,29 @@ class GrpcForwarding(grpc.GenericRpcHandler):
                 await _refuse(context, rejection)
             metrics = self._metrics
             metrics.inflight.inc()
+            started = time.perf_counter()
+            span = None if self._tracing is None else self._server_span(method, context)
+            outcome: Outcome[Any] | None = None
             try:
-                metadata, text, rid = await self._admit(method, context)
+                metadata, text, rid, traceparent = await self._admit(
+                    method, context, None if span is None else otel.traceparent(span))
                 ctx = RequestContext("POST", method, len(request), text, rid)
                 timeout_s = self._timeout_s(context)
                 deadline = self._forwarder.clock() + timeout_s
-                exchange = GrpcExchange(self._channels, method, request, metadata)
-                outcome = await self._forwarder.forward(ctx, exchange, deadline, timeout_s)
+                exchange = GrpcExchange(self._channels, method, request, metadata, traceparent)
+                spans = ForwardSpans.of(self._tracing, span, self._balancer.config.policy, "grpc", method[1:])
+                outcome = await self._forwarder.forward(ctx, exchange, deadline, timeout_s, spans)
             finally:
                 metrics.inflight.dec()
                 self._guards.leave(method)
+                if span is not None:
+                    _end_span(span, outcome, context)
             metrics.observe_request(outcome.backend, outcome.status)
+            if self._access is not None:
+                answered = len(outcome.answer[0]) if isinstance(outcome.answer, tuple) else 0
+                self._access.request("POST", method, outcome.status, time.perf_counter() - started,
+                                     replica=outcome.backend, attempts=exchange.sends, bytes_in=len(request),
+                                     bytes_out=answered)
             return await _reply(context, outcome)
 
         return behaviour
@@ -190,7 +230,8 @@ class GrpcForwarding(grpc.GenericRpcHandler):
             if rejection is not None:
                 await _refuse(context, rejection)
             try:
-                metadata, text, rid = await self._admit(method, context)
+                metadata, text, rid, traceparent = await self._admit(method, context)
+                metadata.append(("traceparent", traceparent))
                 ep = self._balancer.pick(RequestContext("POST", method, 0, text, rid))
                 if ep is None:
                     self._metrics.observe_request(NO_BACKEND, 503)
@@ -208,6 +249,24 @@ class GrpcForwarding(grpc.GenericRpcHandler):
                 self._guards.leave(method)
 
         return behaviour
+
+
+def _end_span(span: Span, outcome: Outcome[Reply | grpc.aio.AioRpcError] | None,
+              context: grpc.aio.ServicerContext) -> None:
+    """End a call's span with the status its client gets: ``outcome``'s; without one, the code the call was
+    aborted with (a guard refused it), else CANCELLED (the client went away)."""
+    if outcome is None:
+        code = context.code() or grpc.StatusCode.CANCELLED
+        status = GRPC_HTTP_STATUS.get(code.name, 499)
+    else:
+        status = outcome.status
+        if isinstance(outcome.answer, tuple):
+            code = grpc.StatusCode.OK
+        elif outcome.answer is not None:
+            code = outcome.answer.code()
+        else:
+            code = grpc.StatusCode[HTTP_GRPC_STATUS.get(outcome.status, "UNKNOWN")]
+    otel.end_server_span(span, status, grpc_code=int(code.value[0]))
 
 
 async def _reply(context: grpc.aio.ServicerContext, outcome: Outcome[Reply | grpc.aio.AioRpcError]) -> bytes:

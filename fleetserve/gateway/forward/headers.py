@@ -1,7 +1,8 @@
 """The headers an HTTP request carries to a replica: the client's, less hop-by-hop ones (RFC 9110 §7.6.1) and
 those the gateway sets itself, plus W3C trace context (continued or started), ``X-Request-ID``, the verified
 caller (``X-Fleetserve-Subject`` / ``-Tenant``, only from the auth guard) and ``X-Forwarded-For``. The
-remaining deadline (``X-Fleetserve-Timeout-Ms``) is added per attempt."""
+remaining deadline (``X-Fleetserve-Timeout-Ms``) and ``traceparent`` (the attempt's span, when traced) are
+added per attempt."""
 
 from __future__ import annotations
 
@@ -31,15 +32,18 @@ def _connection_tokens(headers: Mapping[str, str]) -> frozenset[str]:
     return frozenset(token.strip().lower() for token in value.split(","))
 
 
-def forward_headers(request: web.Request, rid: str, ids: IdGenerator) -> list[tuple[str, str]]:
-    """The headers to send on for ``request`` (whose request id is ``rid``)."""
+def forward_headers(request: web.Request, rid: str, ids: IdGenerator,
+                    traced: str | None = None) -> tuple[list[tuple[str, str]], str]:
+    """The headers to send on for ``request`` (whose request id is ``rid``), and the ``traceparent`` to send
+    with them: ``traced`` (the request's span, when tracing is on), else the next hop of the caller's."""
     incoming = request.headers
     drop = _DROP_REQUEST | _connection_tokens(incoming) if "Connection" in incoming else _DROP_REQUEST
     headers = [(k, v) for k, v in incoming.items() if k.lower() not in drop]
     parent = parse_traceparent(incoming.get("traceparent"))
-    hop = next_hop(parent, ids)
-    logs.trace_id_var.set(hop.trace_id)  # this request's log lines carry its trace id
-    headers.append(("traceparent", hop.header()))
+    if traced is None:
+        hop = next_hop(parent, ids)
+        logs.trace_id_var.set(hop.trace_id)  # this request's log lines carry its trace id
+        traced = hop.header()
     state = incoming.get("tracestate")
     if parent is not None and state:
         headers.append(("tracestate", state))
@@ -49,4 +53,4 @@ def forward_headers(request: web.Request, rid: str, ids: IdGenerator) -> list[tu
     if peer:
         prior = incoming.get("X-Forwarded-For")
         headers.append(("X-Forwarded-For", f"{prior}, {peer}" if prior else peer))
-    return headers
+    return headers, traced

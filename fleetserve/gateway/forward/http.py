@@ -18,6 +18,7 @@ from collections.abc import Awaitable
 from aiohttp import web
 from multidict import CIMultiDict
 
+from fleetserve.gateway.access import ATTEMPTS_KEY, BACKEND_KEY, SPAN_KEY
 from fleetserve.gateway.balance import Endpoint, RequestContext
 from fleetserve.gateway.balance.health import Probe
 from fleetserve.gateway.config import GatewayConfig
@@ -33,6 +34,8 @@ from fleetserve.gateway.forward.upstream import (
     UpstreamTimeout,
 )
 from fleetserve.gateway.metrics import NO_BACKEND, GatewayMetrics
+from fleetserve.gateway.tracing import ForwardSpans
+from fleetserve.telemetry import otel
 from fleetserve.telemetry.tracing import IdGenerator, request_id
 from fleetserve.wire import LOAD_REPORT_HEADER, REQUEST_ID_HEADER, RETRY_AFTER, TIMEOUT_HEADER, error_response
 
@@ -42,19 +45,23 @@ READY_PATH = "/v2/health/ready"
 class HttpExchange:
     """One client request as the forwarding core carries it over the upstream pools."""
 
-    __slots__ = ("_body", "_headers", "_method", "_pools", "_target")
+    __slots__ = ("_body", "_headers", "_method", "_pools", "_target", "_traceparent", "sends")
 
     def __init__(self, pools: UpstreamPools, method: str, target: str, headers: list[tuple[str, str]],
-                 body: bytes) -> None:
+                 body: bytes, traceparent: str) -> None:
         self._pools = pools
         self._method = method
         self._target = target
         self._headers = headers
         self._body = body
+        self._traceparent = traceparent
+        self.sends = 0  # attempts, hedges included, for the access log
 
-    def send(self, ep: Endpoint, timeout_s: float) -> Awaitable[UpstreamResponse]:
+    def send(self, ep: Endpoint, timeout_s: float, traceparent: str | None) -> Awaitable[UpstreamResponse]:
         # The pool's own coroutine, not one wrapped around it: no extra coroutine layer per attempt.
-        headers = [*self._headers, (TIMEOUT_HEADER, str(max(1, int(timeout_s * 1000))))]
+        self.sends += 1
+        headers = [*self._headers, ("traceparent", traceparent or self._traceparent),
+                   (TIMEOUT_HEADER, str(max(1, int(timeout_s * 1000))))]
         return self._pools.get(ep.url).request(self._method, self._target, headers, self._body, timeout_s=timeout_s)
 
     def answered(self, ep: Endpoint, reply: UpstreamResponse) -> Outcome[web.Response]:
@@ -84,13 +91,15 @@ class HttpForwarding:
     """The handler behind every proxied route."""
 
     def __init__(self, forwarder: Forwarder, pools: UpstreamPools, metrics: GatewayMetrics, config: GatewayConfig,
-                 ids: IdGenerator) -> None:
+                 ids: IdGenerator, tracing: otel.Tracing | None = None) -> None:
         self._forwarder = forwarder
         self._pools = pools
         self._metrics = metrics
         self._default_timeout_s = config.request_timeout_ms / 1000.0
         self._max_timeout_ms = config.max_request_timeout_ms
         self._ids = ids
+        self._tracing = tracing
+        self._policy = config.balancer.policy
 
     async def handle(self, request: web.Request) -> web.StreamResponse:
         metrics = self._metrics
@@ -124,10 +133,15 @@ class HttpForwarding:
         forwarder = self._forwarder
         deadline = forwarder.clock() + timeout_s
         body = await request.read()  # already read and bounded by the edge's body limits: no I/O here
-        headers = forward_headers(request, rid, self._ids)
+        span = None if self._tracing is None else request.get(SPAN_KEY)
+        headers, traceparent = forward_headers(request, rid, self._ids,
+                                               None if span is None else otel.traceparent(span))
         ctx = RequestContext(request.method, request.path, len(body), request.headers, rid)
-        exchange = HttpExchange(self._pools, request.method, request.raw_path, headers, body)
-        outcome = await forwarder.forward(ctx, exchange, deadline, timeout_s)
+        exchange = HttpExchange(self._pools, request.method, request.raw_path, headers, body, traceparent)
+        spans = ForwardSpans.of(self._tracing, span, self._policy, "http", request.method)
+        outcome = await forwarder.forward(ctx, exchange, deadline, timeout_s, spans)
+        request[ATTEMPTS_KEY] = exchange.sends
+        request[BACKEND_KEY] = outcome.backend
         response = outcome.answer
         if response is None:
             answer = {REQUEST_ID_HEADER: rid}

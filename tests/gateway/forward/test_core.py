@@ -46,7 +46,7 @@ class Script:
         self.sent: list[str] = []
         self.timeouts: list[float] = []
 
-    def send(self, ep: Endpoint, timeout_s: float) -> Awaitable[str]:
+    def send(self, ep: Endpoint, timeout_s: float, traceparent: str | None) -> Awaitable[str]:
         self.sent.append(ep.host)
         self.timeouts.append(timeout_s)
         return self._reply(self.by_host[ep.host])
