@@ -125,7 +125,7 @@ def gateway(backends: list[str], *extra: str) -> Iterator[Proc]:
         args += ["--backend", url]
     proc = spawn([*args, *extra], port)
     try:
-        wait_http(f"{proc.url}/readyz", timeout=30, proc=proc)
+        wait_http(f"{proc.url}/readyz", timeout=60, proc=proc)  # as a replica's: a loaded 2-core box
         yield proc
     finally:
         proc.stop()
