@@ -114,6 +114,7 @@ class Fleet:
         entry = self.entries.get(ep.url)
         if entry is None:
             return
+        starting = entry.health.state is HealthState.UNKNOWN
         state = entry.health.record(ok, self._health_config)
         if state is None:
             return
@@ -121,6 +122,9 @@ class Fleet:
         if state is HealthState.HEALTHY:
             entry.load.admitted(self._clock())
             log.info("backend %s is healthy", entry.endpoint)
+        elif starting:  # never healthy yet: a replica still starting, not one that went bad
+            log.info("backend %s not ready yet (%d probes failed)", entry.endpoint,
+                     self._health_config.unhealthy_threshold)
         else:
             log.warning("backend %s failed %d probes in a row", entry.endpoint, self._health_config.unhealthy_threshold)
         self._observer.on_state_change(entry.endpoint, state)

@@ -346,3 +346,15 @@ def test_an_unhealthy_endpoint_at_its_cap_does_not_make_the_fleet_saturated() ->
         balancer.set_probe_result(a, False)
         balancer.set_probe_result(b, False)
     assert balancer.pick(CTX) is None and not balancer.capped()
+
+
+def test_a_replica_still_starting_is_no_warning_one_that_went_bad_is(caplog: pytest.LogCaptureFixture) -> None:
+    balancer, eps, _, _ = make(1)
+    balancer.enable_active_health()
+    with caplog.at_level("INFO", logger="fleetserve.gateway.balance.fleet"):
+        for ok in (False, False, False, True, True, False, False, False):
+            balancer.set_probe_result(eps[0], ok)
+    levels = [(r.levelname, r.getMessage()) for r in caplog.records]
+    assert levels == [("INFO", "backend http://r0:8000 not ready yet (3 probes failed)"),
+                      ("INFO", "backend http://r0:8000 is healthy"),
+                      ("WARNING", "backend http://r0:8000 failed 3 probes in a row")]
