@@ -117,7 +117,9 @@ async def test_the_calls_deadline_reaches_the_model(
     before = time.monotonic()
     await stub.ModelInfer(math_request(True), timeout=30)
     (call,) = math_model.calls
-    assert call.deadline is not None and before + 29 < call.deadline <= time.monotonic() + 30
+    # The deadline travels as grpc-timeout (rounded up to its unit) and gRPC's core reads its own clock:
+    # on a loaded box the model's deadline came out 0.1 s past the client's; the bound allows half a second.
+    assert call.deadline is not None and before + 29 < call.deadline <= time.monotonic() + 30.5
 
 
 async def test_requested_outputs_and_bytes(stub: pb_grpc.GRPCInferenceServiceStub) -> None:
