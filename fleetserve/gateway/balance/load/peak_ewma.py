@@ -37,18 +37,15 @@ _EWMA_FLOOR_S = 1e-4
 class PeakEwma:
     """Peak-sensitive, time-decayed latency estimate in seconds."""
 
-    __slots__ = ("_estimate", "_measured", "_tau", "_updated_at")
+    __slots__ = ("_estimate", "_tau", "_updated_at", "measured")
 
     def __init__(self, tau_s: float, initial_s: float, now: float) -> None:
         self._tau = tau_s
         self._estimate = initial_s
         self._updated_at = now
-        self._measured = False
-
-    @property
-    def measured(self) -> bool:
-        """Whether any real sample has replaced the default since creation or the last reset."""
-        return self._measured
+        # Whether any real sample has replaced the default since creation or the last reset (a plain
+        # attribute, not a property: the P2C cost reads it twice per pick).
+        self.measured = False
 
     def estimate(self, now: float) -> float:
         """The estimate decayed to ``now`` (towards zero, never below a small floor)."""
@@ -59,9 +56,9 @@ class PeakEwma:
 
     def observe(self, latency_s: float, now: float) -> None:
         current = self._estimate
-        if latency_s > current or not self._measured:
+        if latency_s > current or not self.measured:
             # The default only stands in until the first measurement, which replaces it outright.
-            self._measured = True
+            self.measured = True
             self._estimate = latency_s
         else:
             decay = math.exp(-max(0.0, now - self._updated_at) / self._tau)
@@ -75,7 +72,7 @@ class PeakEwma:
         """Forget all samples: back to ``initial_s`` until the next measurement."""
         self._estimate = initial_s
         self._updated_at = now
-        self._measured = False
+        self.measured = False
 
 
 def peak_ewma_cost(load: EndpointLoad, rival: EndpointLoad, now: float) -> float:
