@@ -57,14 +57,11 @@ class Pending(Generic[T]):
 
 @dataclass(frozen=True)
 class Batch(Generic[T]):
-    """Requests to run in one engine call, padded to sequence length ``seq``."""
+    """Requests to run in one engine call, padded to sequence length ``seq``; ``rows`` in all."""
 
     entries: tuple[Pending[T], ...]
     seq: int
-
-    @property
-    def rows(self) -> int:
-        return sum(e.rows for e in self.entries)
+    rows: int
 
 
 @dataclass(frozen=True)
@@ -116,7 +113,11 @@ class Collator(Generic[T]):
             self._buckets[bucket] = [entry]
             self._bucket_rows[bucket] = rows
         else:
-            bisect.insort(queue, entry, key=Pending.rank)
+            last = queue[-1]
+            if (last.priority, last.enqueued_at) <= (priority, now):
+                queue.append(entry)  # the usual case: it ranks last (its order is the largest yet)
+            else:
+                bisect.insort(queue, entry, key=Pending.rank)
             self._bucket_rows[bucket] += rows
         self._rows += rows
         self._count += 1
@@ -144,18 +145,23 @@ class Collator(Generic[T]):
         if self._with_deadline:
             expired = [e for q in self._buckets.values() for e in q if e.deadline is not None and e.deadline <= now]
             self._take(expired)
-        plans = {bucket: self._plan(bucket, queue, now, flush) for bucket, queue in self._buckets.items()}
+        plans: dict[int, list[Pending[T]] | None] = {}
+        for bucket, queue in self._buckets.items():
+            plans[bucket] = self._plan(bucket, queue, now, flush)
         batch = self._select(plans, now, flush) if can_dispatch else None
         return Decision(batch, tuple(expired), self._wake_at(plans, now, can_dispatch))
 
     def _plan(self, bucket: int, queue: list[Pending[T]], now: float, flush: bool) -> list[Pending[T]] | None:
         """The batch this bucket would send at ``now``, or None while it should keep waiting."""
-        fill = [queue[0]]
-        used = queue[0].rows
-        for entry in queue[1:]:
-            if used + entry.rows <= self._capacity:
-                fill.append(entry)
-                used += entry.rows
+        if self._bucket_rows[bucket] <= self._capacity:
+            fill = queue[:]  # everything fits
+        else:
+            fill = [queue[0]]
+            used = queue[0].rows
+            for entry in queue[1:]:
+                if used + entry.rows <= self._capacity:
+                    fill.append(entry)
+                    used += entry.rows
         if self._preferred:
             best, used = 0, 0
             for i, entry in enumerate(fill):
@@ -181,18 +187,28 @@ class Collator(Generic[T]):
         if best is None:
             return None
         bucket, entries = best
-        used = sum(e.rows for e in entries)
+        used = 0
+        for entry in entries:
+            used += entry.rows
         grown_to_preferred = bool(self._preferred) and used in self._preferred
+        riders: list[Pending[T]] = []
         if self._config.promote_overdue and not grown_to_preferred:
-            entries = entries + self._riders(bucket, now, flush, max(self._capacity, used) - used)
-        self._take(entries)
-        for touched in {e.bucket for e in entries}:
-            queue = self._buckets.get(touched)
+            riders = self._riders(bucket, now, flush, max(self._capacity, used) - used)
+        if riders:
+            entries = entries + riders
+            used += sum(e.rows for e in riders)
+            self._take(entries)
+            touched = {e.bucket for e in entries}
+        else:
+            self._take_from(bucket, entries)  # the usual case: one bucket's head
+            touched = {bucket}
+        for b in touched:
+            queue = self._buckets.get(b)
             if queue is None:
-                del plans[touched]
+                del plans[b]
             else:
-                plans[touched] = self._plan(touched, queue, now, flush)
-        return Batch(tuple(entries), bucket)
+                plans[b] = self._plan(b, queue, now, flush)
+        return Batch(tuple(entries), bucket, used)
 
     def _riders(self, bucket: int, now: float, flush: bool, spare: int) -> list[Pending[T]]:
         """Overdue requests of shorter buckets that fit in ``spare`` rows, best (priority, arrival) first."""
@@ -229,19 +245,26 @@ class Collator(Generic[T]):
         for e in entries:
             by_bucket.setdefault(e.bucket, []).append(e)
         for bucket, taken in by_bucket.items():
-            queue = self._buckets[bucket]
-            n = len(taken)
-            if all(queue[i] is taken[i] for i in range(n)):
-                del queue[:n]  # the usual case: a batch is the head of its bucket, in order
-            else:
-                gone = {id(e) for e in taken}
-                queue[:] = [e for e in queue if id(e) not in gone]
-            rows = sum(e.rows for e in taken)
-            if queue:
-                self._bucket_rows[bucket] -= rows
-            else:
-                del self._buckets[bucket]
-                del self._bucket_rows[bucket]
-            self._rows -= rows
-            self._count -= n
+            self._take_from(bucket, taken)
+
+    def _take_from(self, bucket: int, taken: list[Pending[T]]) -> None:
+        """Remove ``taken``, all queued in ``bucket``, from the queue."""
+        queue = self._buckets[bucket]
+        n = len(taken)
+        if queue[:n] == taken:  # identity (Pending compares by identity): the batch is the bucket's head, in order
+            del queue[:n]
+        else:
+            gone = {id(e) for e in taken}
+            queue[:] = [e for e in queue if id(e) not in gone]
+        rows = 0
+        for e in taken:
+            rows += e.rows
+        if queue:
+            self._bucket_rows[bucket] -= rows
+        else:
+            del self._buckets[bucket]
+            del self._bucket_rows[bucket]
+        self._rows -= rows
+        self._count -= n
+        if self._with_deadline:
             self._with_deadline -= sum(1 for e in taken if e.deadline is not None)
