@@ -41,7 +41,7 @@ class FrontWorker:
         self.answer = self._delayed_answer if network_s else self._answer
 
     def receive(self, request: Request) -> None:
-        request.front = self
+        request.reply = self.answer
         if self._cpu_s:
             self.server.submit(self._cpu_s, self._route, request)
         else:
@@ -81,15 +81,14 @@ class FrontWorker:
         connect_error = status == CONNECT_ERROR
         report = load_report(replica.queue_depth, replica.inflight_rows) if self._reports and status == OK else None
         ticket.finish(status=None if connect_error else status, connect_error=connect_error, report=report)
-        budget = self.balancer.retry_budget
         if request.budgeted:
-            budget.release()
+            self.balancer.retry_budget.release()
             request.budgeted = False
         if status not in (CONNECT_ERROR, RESET, OVERLOADED) or request.attempts > self._max_retries:
             self._done(request, status)
             return
         if not connect_error:
-            if not budget.try_acquire():
+            if not self.balancer.retry_budget.try_acquire():
                 self._done(request, status)
                 return
             request.budgeted = True

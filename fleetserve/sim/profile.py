@@ -237,5 +237,5 @@ class ServiceSampler:
         return got
 
     def __call__(self, rows: int, seq: int) -> float:
-        mean, mu, sigma = self.params(rows, seq)
+        mean, mu, sigma = self._cache.get((rows, seq)) or self.params(rows, seq)
         return self._lognorm(mu, sigma) if sigma > 0 else mean

@@ -16,7 +16,6 @@ from __future__ import annotations
 
 import bisect
 import random
-from collections.abc import Callable
 
 from fleetserve.batching.collator import Batch, Collator
 from fleetserve.batching.config import BatcherConfig
@@ -28,13 +27,11 @@ from fleetserve.sim.request import EXPIRED, OK, OVERLOADED, RESET, Request
 
 STARTING, READY, DOWN = "starting", "ready", "down"
 
-Reply = Callable[[Request, int, "SimReplica"], None]
-
 
 class SimReplica:
     def __init__(
         self, loop: EventLoop, name: str, profile: Profile, batcher: BatcherConfig, *, instances: int,
-        cpu_host: Host, device_host: Host, rng: random.Random, reply: Reply, weight: int = 1,
+        cpu_host: Host, device_host: Host, rng: random.Random, weight: int = 1,
         shapes: dict[tuple[int, int], tuple[float, float, float]] | None = None,
     ) -> None:
         self.loop = loop
@@ -42,8 +39,10 @@ class SimReplica:
         self.profile = profile
         self.weight = weight
         self._batcher = batcher
-        self._reply = reply
+        self._max_seq = profile.max_seq
         self._buckets = tuple(b for b in profile.seq_buckets if b <= profile.max_seq) or (profile.max_seq,)
+        self._bucket_of: dict[int, int] = {}  # token count -> sequence bucket, filled as lengths come
+        self._pad_to_bucket = profile.pad_to_bucket
         self._sample = ServiceSampler(profile, rng, cache=shapes)
         self.event_loop = Server(loop, cpu_host, name=f"{name}/loop")
         self.instances = [
@@ -83,16 +82,22 @@ class SimReplica:
     def _decoded(self, request: Request) -> None:
         if self.state != READY:
             return
-        tokens = min(request.tokens, self.profile.max_seq)
-        bucket = self._buckets[min(bisect.bisect_left(self._buckets, tokens), len(self._buckets) - 1)]
+        bucket = self._bucket_of.get(request.tokens)
+        if bucket is None:
+            bucket = self._bucket_of[request.tokens] = self._bucket(request.tokens)
         try:
             now = self.loop.now
             deadline = None if self._timeout_s is None else now + self._timeout_s
             self._collator.push(request, rows=request.rows, bucket=bucket, priority=0, now=now, deadline=deadline)
         except Overloaded:
-            self._reply(request, OVERLOADED, self)
+            request.reply(request, OVERLOADED, self)
             return
         self._poll()
+
+    def _bucket(self, tokens: int) -> int:
+        """The sequence bucket of a request of ``tokens`` tokens (truncated to the profile's longest)."""
+        tokens = min(tokens, self._max_seq)
+        return self._buckets[min(bisect.bisect_left(self._buckets, tokens), len(self._buckets) - 1)]
 
     def _poll(self, _: object = None) -> None:
         """Ask the collator for work, as the batcher's scheduler does when something changed.
@@ -107,7 +112,7 @@ class SimReplica:
                 return
             decision = collator.poll(now, can_dispatch=bool(self._idle))
             for entry in decision.expired:
-                self._reply(entry.payload, EXPIRED, self)
+                entry.payload.reply(entry.payload, EXPIRED, self)
             if decision.batch is None:
                 break
             self._dispatch(decision.batch)
@@ -124,9 +129,15 @@ class SimReplica:
 
     def _dispatch(self, batch: Batch[Request]) -> None:
         instance = self._idle.pop()
-        requests = [e.payload for e in batch.entries]
+        requests: list[Request] = []
+        longest = 0
+        for entry in batch.entries:
+            request = entry.payload
+            requests.append(request)
+            if request.tokens > longest:
+                longest = request.tokens
         rows = batch.rows
-        seq = batch.seq if self.profile.pad_to_bucket else min(max(r.tokens for r in requests), batch.seq)
+        seq = batch.seq if self._pad_to_bucket or longest > batch.seq else longest
         self.inflight_rows += rows
         self.batches += 1
         self.batched_rows += rows
@@ -137,7 +148,7 @@ class SimReplica:
         self.inflight_rows -= rows
         self._idle.append(instance)
         for request in requests:
-            self._reply(request, OK, self)
+            request.reply(request, OK, self)
         self._poll()
 
     def crash(self) -> list[Request]:
@@ -154,7 +165,7 @@ class SimReplica:
         self._wake_token += 1
         self._collator = Collator(self._batcher)
         for request in lost:
-            self._reply(request, RESET, self)
+            request.reply(request, RESET, self)
         return lost
 
     def interruptible(self) -> None:

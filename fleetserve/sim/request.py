@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any
 
 OK = 200
@@ -12,10 +13,17 @@ CONNECT_ERROR = 0  # nothing listened: the replica is down
 NO_REPLICA = -1  # the gateway found no replica to try (all ejected, or every one tried)
 
 
+Reply = Callable[["Request", int, Any], None]
+
+
+def _unrouted(request: Request, status: int, replica: Any) -> None:
+    raise RuntimeError("a replica answered a request that no gateway worker routed")
+
+
 class Request:
     """A client request: when it arrived, how long it is, and where it is in the gateway's retry loop."""
 
-    __slots__ = ("arrived_at", "attempts", "budgeted", "front", "rows", "ticket", "tickets", "tokens")
+    __slots__ = ("arrived_at", "attempts", "budgeted", "reply", "rows", "ticket", "tickets", "tokens")
 
     def __init__(self, arrived_at: float, tokens: int, rows: int = 1) -> None:
         self.arrived_at = arrived_at
@@ -23,6 +31,7 @@ class Request:
         self.rows = rows
         self.attempts = 0
         self.budgeted = False  # the attempt in flight holds a retry-budget slot
-        self.front: Any = None  # the gateway worker routing it
+        # Where a replica sends its answer: ``reply(request, status, replica)`` of the gateway worker routing it.
+        self.reply: Reply = _unrouted
         self.ticket: Any = None  # the balancer's ticket of the attempt in flight
         self.tickets: list[Any] | None = None  # earlier attempts, so a retry goes elsewhere

@@ -82,7 +82,7 @@ class Simulation:
         )
         replica = SimReplica(
             self.loop, name, profile, cfg.batcher, instances=group.instances, cpu_host=cpu_host,
-            device_host=device_host, rng=random.Random(f"{cfg.seed}:service:{name}"), reply=_reply,
+            device_host=device_host, rng=random.Random(f"{cfg.seed}:service:{name}"),
             weight=group.weight, shapes=self._shapes.setdefault(id(profile), {}),
         )
         replica.state = state
@@ -271,10 +271,6 @@ class Simulation:
             retries=sum(w.retries for w in self.workers), replicas=len(self.replicas), requests=self._arrived,
             wall_s=wall_s, events=self.loop.steps, notes=tuple(self._notes),
         )
-
-
-def _reply(request: Request, status: int, replica: SimReplica) -> None:
-    request.front.answer(request, status, replica)
 
 
 def simulate(config: SimConfig) -> SimResult:
