@@ -47,7 +47,9 @@ class Host:
         self.capacity = capacity
         self.background = background
         self.name = name
-        self._running: set[Server] = set()
+        # Running servers in the order they started (a dict, not a set: a set iterates in address order, which
+        # differs between processes, and the order of rescheduling breaks ties between equal finish times).
+        self._running: dict[Server, None] = {}
         self._speed = 1.0
         self._attached = 0.0
         self._shared = shared  # servers may join later: never assume it stays roomy
@@ -68,9 +70,9 @@ class Host:
 
     def _changed(self, server: Server, running: bool) -> None:
         if running:
-            self._running.add(server)
+            self._running[server] = None
         else:
-            self._running.discard(server)
+            self._running.pop(server, None)
         speed = self._target_speed()
         if speed == self._speed:
             return
