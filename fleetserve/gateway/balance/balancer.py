@@ -179,9 +179,13 @@ class Balancer:
         load = entry.load
         if self._cap and load.pending == self._cap and self._entries.get(entry.endpoint.url) is entry:
             self._full -= 1
-        load.pending = max(0, load.pending - 1)
-        self._active = max(0, self._active - 1)
-        latency = max(0.0, now - ticket.started_at if latency_s is None else latency_s)
+        if load.pending > 0:
+            load.pending -= 1
+        if self._active > 0:
+            self._active -= 1
+        latency = now - ticket.started_at if latency_s is None else latency_s
+        if latency < 0.0:
+            latency = 0.0
         failed = connect_error or (status is not None and status >= 500)
         if failed:
             load.ewma.observe_failure(latency, now)

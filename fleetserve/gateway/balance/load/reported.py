@@ -31,10 +31,10 @@ THROTTLE_FACTOR = 4.0
 class ReportedLoad:
     """The replica's own view of its load, from the last response that carried a valid report."""
 
-    __slots__ = ("_max_age", "last", "reported_at")
+    __slots__ = ("last", "max_age_s", "reported_at")
 
     def __init__(self, max_age_s: float) -> None:
-        self._max_age = max_age_s
+        self.max_age_s = max_age_s
         self.last = _NO_REPORT
         self.reported_at: float | None = None
 
@@ -54,17 +54,27 @@ class ReportedLoad:
         """1.0 for a report taken just now, fading linearly to 0.0 at ``max_age_s`` (and for none)."""
         if self.reported_at is None:
             return 0.0
-        return max(0.0, 1.0 - (now - self.reported_at) / self._max_age)
+        return max(0.0, 1.0 - (now - self.reported_at) / self.max_age_s)
 
 
 def outstanding(load: EndpointLoad, now: float) -> float:
-    """Work waiting at the endpoint: its fresh report plus what was sent since, else this gateway's pending."""
-    fresh = load.reported.freshness(now)
+    """Work waiting at the endpoint: its fresh report plus what was sent since, else this gateway's pending.
+
+    :meth:`ReportedLoad.freshness` and :meth:`EndpointLoad.unreported_pending` are written out here: P2C costs
+    two endpoints on every pick, and these calls were a visible share of it.
+    """
+    reported = load.reported
+    at = reported.reported_at
+    pending = load.pending
+    if at is None:
+        return float(pending)
+    fresh = 1.0 - (now - at) / reported.max_age_s
     if fresh <= 0.0:
-        return float(load.pending)
-    last = load.reported.last
-    remote = last.queue_depth + last.inflight + load.unreported_pending()
-    return fresh * remote + (1.0 - fresh) * load.pending
+        return float(pending)
+    last = reported.last
+    sent = load.sent_since_report
+    remote = last.queue_depth + last.inflight + (sent if sent < pending else pending)
+    return fresh * remote + (1.0 - fresh) * pending
 
 
 def reported_cost(load: EndpointLoad, rival: EndpointLoad, now: float) -> float:
