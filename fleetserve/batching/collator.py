@@ -85,6 +85,8 @@ class Collator(Generic[T]):
         self._capacity = config.preferred_batch_sizes[-1] if config.preferred_batch_sizes else config.max_batch
         self._buckets: dict[int, list[Pending[T]]] = {}
         self._bucket_rows: dict[int, int] = {}
+        # When each bucket is due: its oldest request's arrival plus max_delay_s, kept as requests come and go.
+        self._bucket_due: dict[int, float] = {}
         self._with_deadline = 0
         self._rows = 0
         self._count = 0
@@ -112,6 +114,7 @@ class Collator(Generic[T]):
         if queue is None:
             self._buckets[bucket] = [entry]
             self._bucket_rows[bucket] = rows
+            self._bucket_due[bucket] = now + self._config.max_delay_s
         else:
             last = queue[-1]
             if (last.priority, last.enqueued_at) <= (priority, now):
@@ -119,6 +122,9 @@ class Collator(Generic[T]):
             else:
                 bisect.insort(queue, entry, key=Pending.rank)
             self._bucket_rows[bucket] += rows
+            due = now + self._config.max_delay_s
+            if due < self._bucket_due[bucket]:
+                self._bucket_due[bucket] = due
         self._rows += rows
         self._count += 1
         if deadline is not None:
@@ -170,13 +176,9 @@ class Collator(Generic[T]):
                     best = i + 1
             if best:
                 return fill[:best]
-        if flush or self._bucket_rows[bucket] >= self._capacity or now >= self._due(queue):
+        if flush or self._bucket_rows[bucket] >= self._capacity or now >= self._bucket_due[bucket]:
             return fill
         return None
-
-    def _due(self, queue: list[Pending[T]]) -> float:
-        oldest = queue[0].enqueued_at if len(queue) == 1 else min(e.enqueued_at for e in queue)
-        return oldest + self._config.max_delay_s
 
     def _select(self, plans: dict[int, list[Pending[T]] | None], now: float, flush: bool) -> Batch[T] | None:
         """Take the batch to send from the buckets' ``plans`` and re-plan the buckets it took from."""
@@ -233,9 +235,9 @@ class Collator(Generic[T]):
         times = []
         if self._with_deadline:
             times = [e.deadline for q in self._buckets.values() for e in q if e.deadline is not None]
-        for bucket, queue in self._buckets.items():
+        for bucket in self._buckets:
             if plans[bucket] is None:
-                times.append(self._due(queue))
+                times.append(self._bucket_due[bucket])
             elif can_dispatch:
                 times.append(now)
         return min(times, default=None)
@@ -261,9 +263,12 @@ class Collator(Generic[T]):
             rows += e.rows
         if queue:
             self._bucket_rows[bucket] -= rows
+            oldest = queue[0].enqueued_at if len(queue) == 1 else min(e.enqueued_at for e in queue)
+            self._bucket_due[bucket] = oldest + self._config.max_delay_s
         else:
             del self._buckets[bucket]
             del self._bucket_rows[bucket]
+            del self._bucket_due[bucket]
         self._rows -= rows
         self._count -= n
         if self._with_deadline:
