@@ -88,17 +88,11 @@ class Collator(Generic[T]):
         # When each bucket is due: its oldest request's arrival plus max_delay_s, kept as requests come and go.
         self._bucket_due: dict[int, float] = {}
         self._with_deadline = 0
-        self._rows = 0
-        self._count = 0
+        # Rows and requests queued: plain attributes for the callers to read (the fleet simulator reads them
+        # several times per simulated request); only the collator changes them.
+        self.queued_rows = 0
+        self.queued_requests = 0
         self._arrivals = 0
-
-    @property
-    def queued_rows(self) -> int:
-        return self._rows
-
-    @property
-    def queued_requests(self) -> int:
-        return self._count
 
     def push(
         self, payload: T, *, rows: int, bucket: int, priority: int, now: float, deadline: float | None = None
@@ -106,8 +100,8 @@ class Collator(Generic[T]):
         """Queue a request; raises ``Overloaded`` when its rows do not fit in ``max_queue``."""
         if not 1 <= rows <= self._config.max_batch:
             raise ValueError(f"rows must be in 1..{self._config.max_batch}, got {rows}")
-        if self._rows + rows > self._config.max_queue:
-            raise Overloaded(f"queue full: {self._rows} of {self._config.max_queue} rows waiting; retry later")
+        if self.queued_rows + rows > self._config.max_queue:
+            raise Overloaded(f"queue full: {self.queued_rows} of {self._config.max_queue} rows waiting; retry later")
         entry = Pending(payload, rows, bucket, priority, now, deadline, self._arrivals)
         self._arrivals += 1
         queue = self._buckets.get(bucket)
@@ -125,8 +119,8 @@ class Collator(Generic[T]):
             due = now + self._config.max_delay_s
             if due < self._bucket_due[bucket]:
                 self._bucket_due[bucket] = due
-        self._rows += rows
-        self._count += 1
+        self.queued_rows += rows
+        self.queued_requests += 1
         if deadline is not None:
             self._with_deadline += 1
         return entry
@@ -269,7 +263,7 @@ class Collator(Generic[T]):
             del self._buckets[bucket]
             del self._bucket_rows[bucket]
             del self._bucket_due[bucket]
-        self._rows -= rows
-        self._count -= n
+        self.queued_rows -= rows
+        self.queued_requests -= n
         if self._with_deadline:
             self._with_deadline -= sum(1 for e in taken if e.deadline is not None)
