@@ -127,4 +127,4 @@ class ArrivalConfig:
         if self.kind == "trace":
             assert self.trace is not None
             return iter(read_trace(self.trace))
-        return ((t, None) for t in arrival_offsets(self.kind, self.rate, rng))
+        return zip(arrival_offsets(self.kind, self.rate, rng), itertools.repeat(None))
