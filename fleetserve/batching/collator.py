@@ -29,7 +29,7 @@ simulator polls a collator per simulated replica millions of times).
 from __future__ import annotations
 
 import bisect
-from collections.abc import Iterable
+from collections.abc import Collection, Iterable
 from dataclasses import dataclass
 from typing import Generic, TypeVar
 
@@ -149,11 +149,15 @@ class Collator(Generic[T]):
         for bucket, queue in self._buckets.items():
             plans[bucket] = self._plan(bucket, queue, now, flush)
         batch = self._select(plans, now, flush) if can_dispatch else None
-        return Decision(batch, tuple(expired), self._wake_at(plans, now, can_dispatch))
+        return Decision(batch, tuple(expired) if expired else (), self._wake_at(plans, now, can_dispatch))
 
     def _plan(self, bucket: int, queue: list[Pending[T]], now: float, flush: bool) -> list[Pending[T]] | None:
         """The batch this bucket would send at ``now``, or None while it should keep waiting."""
-        if self._bucket_rows[bucket] <= self._capacity:
+        rows = self._bucket_rows[bucket]
+        ready = flush or rows >= self._capacity or now >= self._bucket_due[bucket]
+        if not ready and not self._preferred:
+            return None
+        if rows <= self._capacity:
             fill = queue[:]  # everything fits
         else:
             fill = [queue[0]]
@@ -170,9 +174,7 @@ class Collator(Generic[T]):
                     best = i + 1
             if best:
                 return fill[:best]
-        if flush or self._bucket_rows[bucket] >= self._capacity or now >= self._bucket_due[bucket]:
-            return fill
-        return None
+        return fill if ready else None
 
     def _select(self, plans: dict[int, list[Pending[T]] | None], now: float, flush: bool) -> Batch[T] | None:
         """Take the batch to send from the buckets' ``plans`` and re-plan the buckets it took from."""
@@ -190,6 +192,7 @@ class Collator(Generic[T]):
         riders: list[Pending[T]] = []
         if self._config.promote_overdue and not grown_to_preferred:
             riders = self._riders(bucket, now, flush, max(self._capacity, used) - used)
+        touched: Collection[int] = (bucket,)
         if riders:
             entries = entries + riders
             used += sum(e.rows for e in riders)
@@ -197,7 +200,6 @@ class Collator(Generic[T]):
             touched = {e.bucket for e in entries}
         else:
             self._take_from(bucket, entries)  # the usual case: one bucket's head
-            touched = {bucket}
         for b in touched:
             queue = self._buckets.get(b)
             if queue is None:
