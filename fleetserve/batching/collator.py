@@ -228,15 +228,19 @@ class Collator(Generic[T]):
         return riders
 
     def _wake_at(self, plans: dict[int, list[Pending[T]] | None], now: float, can_dispatch: bool) -> float | None:
-        times = []
+        wake = None
         if self._with_deadline:
-            times = [e.deadline for q in self._buckets.values() for e in q if e.deadline is not None]
+            wake = min((e.deadline for q in self._buckets.values() for e in q if e.deadline is not None), default=None)
         for bucket in self._buckets:
             if plans[bucket] is None:
-                times.append(self._bucket_due[bucket])
+                due = self._bucket_due[bucket]
             elif can_dispatch:
-                times.append(now)
-        return min(times, default=None)
+                due = now
+            else:
+                continue
+            if wake is None or due < wake:
+                wake = due
+        return wake
 
     def _take(self, entries: Iterable[Pending[T]]) -> None:
         by_bucket: dict[int, list[Pending[T]]] = {}
