@@ -103,3 +103,18 @@ def test_bad_capacity_and_demand_are_refused() -> None:
         Host(loop, 1.0, background=-1.0)
     with pytest.raises(ValueError):
         Server(loop, Host(loop, 1.0), demand=0.0)
+
+
+def test_equal_finish_times_complete_in_start_order() -> None:
+    # A speed change reschedules the running servers in the order they started, so ties between equal
+    # finish times break the same way in every process (in a set's address order they did not). Many
+    # fresh hosts, so that address order would differ from start order in some of them.
+    for _ in range(32):
+        loop = EventLoop()
+        host = Host(loop, 1.0, shared=True)
+        servers = [Server(loop, host, name=name) for name in "abc"]
+        done: list[str] = []
+        for server in servers:
+            server.submit(1.0, done.append, server.name)
+        loop.run()
+        assert done == ["a", "b", "c"]
