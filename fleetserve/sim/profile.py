@@ -217,12 +217,13 @@ class ServiceSampler:
     may share (a large fleet has one sampler per replica, each with its own random stream).
     """
 
-    __slots__ = ("_cache", "_lognorm", "_profile")
+    __slots__ = ("_cache", "_normal", "_profile")
 
     def __init__(self, profile: Profile, rng: random.Random, *,
                  cache: dict[tuple[int, int], tuple[float, float, float]] | None = None) -> None:
         self._profile = profile
-        self._lognorm = rng.lognormvariate
+        # A lognormal draw is exp of a normal one (what ``Random.lognormvariate`` computes, one call deeper).
+        self._normal = rng.normalvariate
         self._cache = {} if cache is None else cache
 
     def params(self, rows: int, seq: int) -> tuple[float, float, float]:
@@ -238,4 +239,4 @@ class ServiceSampler:
 
     def __call__(self, rows: int, seq: int) -> float:
         mean, mu, sigma = self._cache.get((rows, seq)) or self.params(rows, seq)
-        return self._lognorm(mu, sigma) if sigma > 0 else mean
+        return math.exp(self._normal(mu, sigma)) if sigma > 0 else mean
