@@ -54,7 +54,8 @@ class EventLoop:
         heap = self._heap
         pop = heapq.heappop
         steps = 0
-        while heap and heap[0][0] <= until:
+        bounded = until != math.inf  # unbounded (a whole run): no need to peek at the next time
+        while heap and (not bounded or heap[0][0] <= until):
             at, _, callback, arg = pop(heap)
             self.now = at
             callback(arg)
