@@ -131,11 +131,12 @@ class Fleet:
 
     def record(self, entry: Entry, failed: bool, connect_error: bool, now: float) -> None:
         """Count a request outcome towards outlier ejection (only for entries still in the fleet)."""
+        state = entry.outlier
+        if not failed and not state.consecutive_failures and not state.consecutive_connect_failures:
+            return  # a success with no failure streak to reset changes nothing: the usual case, made cheap
         if self.entries.get(entry.endpoint.url) is not entry:
             return
-        until = self._outlier.record(
-            entry.outlier, failed, now, self._ejected, len(self.entries), connect_error=connect_error
-        )
+        until = self._outlier.record(state, failed, now, self._ejected, len(self.entries), connect_error=connect_error)
         if until is None:
             return
         self._ejected += 1
