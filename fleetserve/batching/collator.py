@@ -147,7 +147,11 @@ class Collator(Generic[T]):
             self._take(expired)
         plans: dict[int, list[Pending[T]] | None] = {}
         for bucket, queue in self._buckets.items():
-            plans[bucket] = self._plan(bucket, queue, now, flush)
+            plans[bucket] = plan = self._plan(bucket, queue, now, flush)
+        if len(plans) == 1 and plan is None and not expired and not self._with_deadline:
+            # The usual poll on a new request: its one bucket keeps waiting, so nothing is selected and the
+            # next poll is due when that bucket is (what _select and _wake_at would find).
+            return Decision(None, (), self._bucket_due[bucket])
         batch = self._select(plans, now, flush) if can_dispatch else None
         return Decision(batch, tuple(expired) if expired else (), self._wake_at(plans, now, can_dispatch))
 
