@@ -17,7 +17,7 @@ from __future__ import annotations
 import bisect
 import random
 
-from fleetserve.batching.collator import Batch, Collator
+from fleetserve.batching.collator import Batch, Collator, Pending
 from fleetserve.batching.config import BatcherConfig
 from fleetserve.errors import Overloaded
 from fleetserve.sim.events import EventLoop
@@ -129,25 +129,25 @@ class SimReplica:
 
     def _dispatch(self, batch: Batch[Request]) -> None:
         instance = self._idle.pop()
-        requests: list[Request] = []
+        entries = batch.entries
         longest = 0
-        for entry in batch.entries:
-            request = entry.payload
-            requests.append(request)
-            if request.tokens > longest:
-                longest = request.tokens
+        for entry in entries:
+            tokens = entry.payload.tokens
+            if tokens > longest:
+                longest = tokens
         rows = batch.rows
         seq = batch.seq if self._pad_to_bucket or longest > batch.seq else longest
         self.inflight_rows += rows
         self.batches += 1
         self.batched_rows += rows
-        instance.submit(self._sample(rows, seq) * self.slow_factor, self._ran, (instance, requests, rows))
+        instance.submit(self._sample(rows, seq) * self.slow_factor, self._ran, (instance, entries, rows))
 
-    def _ran(self, job: tuple[Server, list[Request], int]) -> None:
-        instance, requests, rows = job
+    def _ran(self, job: tuple[Server, tuple[Pending[Request], ...], int]) -> None:
+        instance, entries, rows = job
         self.inflight_rows -= rows
         self._idle.append(instance)
-        for request in requests:
+        for entry in entries:
+            request = entry.payload
             request.reply(request, OK, self)
         self._poll()
 
@@ -157,7 +157,10 @@ class SimReplica:
         lost: list[Request] = []
         for server in self.servers:
             for item in server.abort():
-                lost.extend(item[1] if isinstance(item, tuple) else [item])
+                if isinstance(item, tuple):  # an engine's batch: (instance, queued entries, rows)
+                    lost.extend(entry.payload for entry in item[1])
+                else:  # a request still on the event loop
+                    lost.append(item)
         lost.extend(e.payload for e in self._collator.clear())
         self._idle = list(self.instances)
         self.inflight_rows = 0
