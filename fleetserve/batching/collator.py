@@ -55,16 +55,21 @@ class Pending(Generic[T]):
         return (self.priority, self.enqueued_at, self.order)
 
 
-@dataclass(frozen=True)
+@dataclass(slots=True)
 class Batch(Generic[T]):
-    """Requests to run in one engine call, padded to sequence length ``seq``; ``rows`` in all."""
+    """Requests to run in one engine call, padded to sequence length ``seq``; ``rows`` in all.
+
+    Like :class:`Decision`, a plain record the caller only reads: not frozen, because a frozen dataclass's
+    ``__init__`` sets each field through ``object.__setattr__`` (about three times the cost), and the fleet
+    simulator builds one of these per simulated batch and a :class:`Decision` per poll.
+    """
 
     entries: tuple[Pending[T], ...]
     seq: int
     rows: int
 
 
-@dataclass(frozen=True)
+@dataclass(slots=True)
 class Decision(Generic[T]):
     """What to do at ``now``: run ``batch`` (if any), answer ``expired``, poll again by ``wake_at``.
 
