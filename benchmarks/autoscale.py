@@ -64,6 +64,7 @@ from typing import Any
 from fleetserve.bench.arrivals import RateProfile
 from fleetserve.bench.loadgen import LoadConfig, run_load
 from fleetserve.bench.report import LoadReport
+from fleetserve.deploy.local import free_port, free_port_block
 
 from _common import machine
 
@@ -104,38 +105,12 @@ class Setup:
 
 
 # ------------------------------------------------------------------------------------------------ the fleet
-def free_port() -> int:
-    import socket
-
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
-def port_block(count: int) -> int:
-    """``count`` free consecutive ports below the ephemeral range (replica slots' ports)."""
-    import random
-    import socket
-
-    low = int(Path("/proc/sys/net/ipv4/ip_local_port_range").read_text().split()[0])
-    for _ in range(1000):
-        base = random.randrange(10_000, low - count)
-        with contextlib.ExitStack() as stack:
-            try:
-                for port in range(base, base + count):
-                    stack.enter_context(socket.socket()).bind(("127.0.0.1", port))
-            except OSError:
-                continue
-        return base
-    raise RuntimeError("no free port block")
-
-
 class Fleet:
     """``fleetserve up`` as a subprocess; its output collected (the actuator's decision-to-ready lines)."""
 
     def __init__(self, setup: Setup, mode: str, *, min_replicas: int = 1, idle_to_zero_s: float = 60.0) -> None:
         self.port = free_port()
-        self.base = port_block(2 * max(setup.large, setup.max_replicas))
+        self.base = free_port_block(2 * max(setup.large, setup.max_replicas))
         args = ["up", "tiny", "--port", str(self.port), "--base-port", str(self.base),
                 "--replica-args", setup.replica_args(), "--log-level", "info"]
         self.autoscaled = mode in AUTOSCALED
@@ -226,7 +201,7 @@ async def launch_times(setup: Setup, repeats: int) -> dict[str, list[float]]:
     async with aiohttp.ClientSession() as session:
         for _ in range(repeats):
             for name, launcher in launchers.items():
-                fleet = FleetConfig(replicas=1, base_port=port_block(2), cores=1)
+                fleet = FleetConfig(replicas=1, base_port=free_port_block(2), cores=1)
                 supervisor = Supervisor(fleet, replica, gateway_config(), launcher=launcher, initial=0)
                 t0 = time.monotonic()
                 member = await supervisor.add_replica(0)

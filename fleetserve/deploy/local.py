@@ -12,6 +12,7 @@ from __future__ import annotations
 import contextlib
 import json
 import os
+import random
 import shutil
 import signal
 import socket
@@ -52,6 +53,24 @@ def free_port(host: str = "127.0.0.1") -> int:
     with socket.socket() as s:
         s.bind((host, 0))
         return int(s.getsockname()[1])
+
+
+def free_port_block(count: int, host: str = "127.0.0.1") -> int:
+    """The first of ``count`` consecutive free ports, below the kernel's ephemeral range so that no outgoing
+    connection takes one of them before the process they are for binds it (``fleetserve up`` puts replica i on
+    BASE+2i and BASE+2i+1; a BASE from :func:`free_port` lies in the ephemeral range)."""
+    low = int(Path("/proc/sys/net/ipv4/ip_local_port_range").read_text().split()[0])
+    rng = random.Random()
+    for _ in range(1000):
+        base = rng.randrange(10_000, low - count)
+        with contextlib.ExitStack() as stack:
+            try:
+                for port in range(base, base + count):
+                    stack.enter_context(socket.socket()).bind((host, port))
+            except OSError:
+                continue
+        return base
+    raise RuntimeError(f"no {count} consecutive free ports below {low}")
 
 
 class ForegroundProcess(ABC):

@@ -12,7 +12,8 @@ from typing import Any
 import pytest
 
 from fleetserve.bench.loadgen import LoadConfig, run_load
-from tests.support.procs import Proc, free_port, free_port_block, spawn, wait_http
+from fleetserve.deploy.local import free_port_block
+from tests.support.procs import Proc, free_port, spawn, wait_http
 from tests.support.waiting import until
 
 # A replica of known capacity: 2 rows per 50 ms engine call, about 40 requests/s; one shape to warm.

@@ -6,7 +6,8 @@ import json
 import signal
 import urllib.request
 
-from tests.support.procs import Proc, free_port, free_port_block, spawn, wait_http
+from fleetserve.deploy.local import free_port_block
+from tests.support.procs import Proc, free_port, spawn, wait_http
 from tests.support.waiting import until_sync
 
 

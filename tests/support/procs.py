@@ -4,9 +4,7 @@ from __future__ import annotations
 
 import contextlib
 import os
-import random
 import signal
-import socket
 import subprocess
 import sys
 import threading
@@ -16,29 +14,7 @@ from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
-def free_port_block(count: int) -> int:
-    """The first of ``count`` consecutive free ports, below the kernel's ephemeral range so that no outgoing
-    connection takes one of them before the process under test binds it (``fleetserve up`` puts replica i on
-    BASE+2i and BASE+2i+1; a BASE from :func:`free_port` lies in the ephemeral range)."""
-    low = int(Path("/proc/sys/net/ipv4/ip_local_port_range").read_text().split()[0])
-    rng = random.Random()
-    for _ in range(1000):
-        base = rng.randrange(10_000, low - count)
-        with contextlib.ExitStack() as stack:
-            try:
-                for port in range(base, base + count):
-                    stack.enter_context(socket.socket()).bind(("127.0.0.1", port))
-            except OSError:
-                continue
-        return base
-    raise RuntimeError(f"no {count} consecutive free ports below {low}")
+from fleetserve.deploy.local import free_port
 
 
 @dataclass

@@ -18,8 +18,9 @@ import time
 
 import pytest
 
+from fleetserve.deploy.local import free_port_block
 from tests.support.otlp import OtlpReceiver, ReceivedSpan, otlp_receiver
-from tests.support.procs import free_port, free_port_block, gateway, replica, spawn, wait_http
+from tests.support.procs import free_port, gateway, replica, spawn, wait_http
 from tests.support.waiting import until_sync
 
 pytest.importorskip("opentelemetry.sdk", reason="tracing needs the trace extra (opentelemetry-sdk)")
