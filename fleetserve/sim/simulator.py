@@ -45,8 +45,7 @@ class Simulation:
                         done=self._done, network_s=config.network_s, name=f"gateway/{i}")
             for i in range(config.gateway_workers)
         ]
-        self._front_draw = self._rng["front"].getrandbits  # which worker's socket takes a connection (_arrive)
-        self._front_bits = len(self.workers).bit_length()
+        self._front_draw = self._rng["front"].randrange  # which worker's socket takes a connection (_arrive)
         self.replicas: list[SimReplica] = []
         self._shapes: dict[int, dict[tuple[int, int], tuple[float, float, float]]] = {}
         self._group_of: dict[str, ReplicaGroup] = {}
@@ -124,17 +123,8 @@ class Simulation:
         self._outstanding += 1
         self._last_arrival = now
         request = Request(now, tokens if tokens is not None else self._sampler(), self.config.rows)
-        n = len(self.workers)
-        if n == 1:
-            worker = self.workers[0]
-        else:
-            # ``randrange(n)`` without its two Python-level calls: rejection sampling on ``getrandbits``, as
-            # CPython's ``Random._randbelow`` draws it (same stream, same workers).
-            bits = self._front_bits
-            i = self._front_draw(bits)
-            while i >= n:
-                i = self._front_draw(bits)
-            worker = self.workers[i]
+        workers = self.workers
+        worker = workers[0] if len(workers) == 1 else workers[self._front_draw(len(workers))]
         worker.receive(request)
         self._next_arrival()
 

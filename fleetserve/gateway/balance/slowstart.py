@@ -43,28 +43,26 @@ class SlowStartConfig:
 class SlowStartRamp:
     """Where one endpoint is on its ramp; :meth:`restart` when it becomes routable again."""
 
-    __slots__ = ("_config", "started_at")
+    __slots__ = ("_config", "_started_at")
 
     def __init__(self, config: SlowStartConfig) -> None:
         self._config = config
-        # When the running ramp started; None when none runs (disabled, or its window has passed): the
-        # factor is then 1, which callers on the request path check without calling :meth:`factor`.
-        self.started_at: float | None = None
+        self._started_at: float | None = None  # None: no ramp running (disabled, or its window has passed)
 
     def restart(self, now: float) -> None:
         if self._config.enabled:
-            self.started_at = now
+            self._started_at = now
 
     def factor(self, now: float) -> float:
         """Weight multiplier in (0, 1]; exactly 1 once the window has passed or when disabled."""
-        started = self.started_at
+        started = self._started_at
         if started is None:
             return 1.0
         cfg = self._config
         elapsed = now - started
         if elapsed >= cfg.window_s:
             # Forget the start so later calls take the cheap path.
-            self.started_at = None
+            self._started_at = None
             return 1.0
         time_factor = max(elapsed, 1.0) / cfg.window_s
         return min(1.0, max(cfg.min_weight_percent / 100.0, time_factor ** (1.0 / cfg.aggression)))

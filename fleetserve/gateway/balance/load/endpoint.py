@@ -63,8 +63,7 @@ class EndpointLoad:
 
     def effective_weight(self, now: float) -> float:
         """Configured weight scaled by the slow-start ramp."""
-        ramp = self.ramp
-        return self.weight if ramp.started_at is None else self.weight * ramp.factor(now)
+        return self.weight * self.ramp.factor(now)
 
     def outpaced(self, latency_s: float, now: float) -> None:
         """A hedged copy on another replica answered while this one, asked ``latency_s`` ago, had not: its

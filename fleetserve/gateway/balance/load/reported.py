@@ -58,23 +58,13 @@ class ReportedLoad:
 
 
 def outstanding(load: EndpointLoad, now: float) -> float:
-    """Work waiting at the endpoint: its fresh report plus what was sent since, else this gateway's pending.
-
-    :meth:`ReportedLoad.freshness` and :meth:`EndpointLoad.unreported_pending` are written out here: P2C costs
-    two endpoints on every pick, and these calls were a visible share of it.
-    """
-    reported = load.reported
-    at = reported.reported_at
-    pending = load.pending
-    if at is None:
-        return float(pending)
-    fresh = 1.0 - (now - at) / reported.max_age_s
+    """Work waiting at the endpoint: its fresh report plus what was sent since, else this gateway's pending."""
+    fresh = load.reported.freshness(now)
     if fresh <= 0.0:
-        return float(pending)
-    last = reported.last
-    sent = load.sent_since_report
-    remote = last.queue_depth + last.inflight + (sent if sent < pending else pending)
-    return fresh * remote + (1.0 - fresh) * pending
+        return float(load.pending)
+    last = load.reported.last
+    remote = last.queue_depth + last.inflight + load.unreported_pending()
+    return fresh * remote + (1.0 - fresh) * load.pending
 
 
 def reported_cost(load: EndpointLoad, rival: EndpointLoad, now: float) -> float:

@@ -62,20 +62,7 @@ class StatelessPolicy:
 
 
 def two_distinct(rng: random.Random, n: int) -> tuple[int, int]:
-    """Two different indices in ``range(n)``, uniformly (n >= 2): the "two choices" of P2C.
-
-    Each index is drawn the way ``rng.randrange`` draws it, by rejection sampling on ``getrandbits`` (CPython's
-    ``Random._randbelow``), so a seeded generator yields the same pairs; calling ``getrandbits`` directly saves
-    ``randrange``'s two Python-level calls per draw on a path every routed (and every simulated) request takes.
-    """
-    getrandbits = rng.getrandbits
-    bits = n.bit_length()
-    first = getrandbits(bits)
-    while first >= n:
-        first = getrandbits(bits)
-    n -= 1
-    bits = n.bit_length()
-    second = getrandbits(bits)
-    while second >= n:
-        second = getrandbits(bits)
+    """Two different indices in ``range(n)``, uniformly (n >= 2): the "two choices" of P2C."""
+    first = rng.randrange(n)
+    second = rng.randrange(n - 1)
     return first, second + 1 if second >= first else second
