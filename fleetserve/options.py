@@ -92,6 +92,18 @@ def option(
     return dataclasses.field(default=default, metadata=meta)
 
 
+def positive_ints(text: str) -> tuple[int, ...]:
+    """A comma list of positive integers, e.g. ``8,16`` -> ``(8, 16)`` (the parser of list options like
+    ``--preferred-batch`` and ``--seq-buckets``)."""
+    try:
+        values = tuple(int(s) for s in text.split(",") if s.strip())
+    except ValueError:
+        raise ValueError(f"expected a comma list of integers like 8,16, got {text!r}") from None
+    if not values or min(values) < 1:
+        raise ValueError(f"expected a comma list of positive integers like 8,16, got {text!r}")
+    return values
+
+
 def section(cls: type, title: str | None = None) -> Any:
     """A nested config field whose options join the parent's (``title`` heads their group in ``--help``)."""
     return dataclasses.field(default_factory=cls, metadata={_SECTION: title})

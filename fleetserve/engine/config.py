@@ -7,7 +7,7 @@ from pathlib import Path
 
 from fleetserve.engine.base import Precision, ShapeProfile
 from fleetserve.engine.registry import BACKENDS
-from fleetserve.options import option
+from fleetserve.options import option, positive_ints
 
 MODEL_HELP = "minilm, bert-base, bert-large, tiny, or a path to an .onnx file (a tokenizer.json beside it enables text)"
 
@@ -27,6 +27,10 @@ class EngineConfig:
                                      choices=("dynamic", "static"), default_text="the backend's choice")
     max_batch: int = option(32, "largest batch the engine is built for; also the most rows per engine call")
     max_seq: int | None = option(None, "longest sequence in tokens", default_text="the model's maximum")
+    seq_buckets: tuple[int, ...] = option(
+        (), "padded sequence lengths the engine is built for and batches are cut at (one CUDA graph or "
+        "TensorRT profile each; finer buckets pad less), e.g. 64,128,192,256; max-seq is always one",
+        parse=positive_ints, repeat=False, metavar="N[,N...]", default_text="16,32,64,128,256,512 up to max-seq")
     accuracy_threshold: float = option(0.99, "refuse a reduced-precision build whose mean cosine vs fp32 is lower")
     home: Path | None = None  # None = $FLEETSERVE_HOME or ~/.cache/fleetserve
     options: dict[str, str] = field(default_factory=dict)
@@ -37,6 +41,8 @@ class EngineConfig:
             raise ValueError(f"max_batch must be >= 1, got {self.max_batch}")
         if self.max_seq is not None and not 1 <= self.max_seq <= 8192:
             raise ValueError(f"max_seq must be in 1..8192, got {self.max_seq}")
+        if self.seq_buckets and max(self.seq_buckets) > (self.max_seq or 8192):
+            raise ValueError(f"seq_buckets {list(self.seq_buckets)} reach past max_seq ({self.max_seq})")
         if not 0.0 < self.accuracy_threshold <= 1.0:
             raise ValueError(f"accuracy_threshold must be in (0, 1], got {self.accuracy_threshold}")
         if self.int8_method not in (None, "dynamic", "static"):
@@ -44,4 +50,6 @@ class EngineConfig:
 
     def profile(self, model_max_seq: int) -> ShapeProfile:
         max_seq = min(self.max_seq or model_max_seq, model_max_seq)
-        return ShapeProfile(max_batch=self.max_batch, max_seq=max_seq)
+        if not self.seq_buckets:
+            return ShapeProfile(max_batch=self.max_batch, max_seq=max_seq)
+        return ShapeProfile(max_batch=self.max_batch, max_seq=max_seq, seq_buckets=self.seq_buckets)

@@ -6,19 +6,11 @@ from dataclasses import dataclass
 
 from fleetserve.engine.config import EngineConfig
 from fleetserve.eventloop import LOOPS
-from fleetserve.options import option, section
+from fleetserve.options import option, positive_ints, section
 from fleetserve.telemetry.access_log import AccessLogConfig
 from fleetserve.telemetry.otel import TracingConfig
 
 PADDING = ("bucket", "longest", "fixed")
-
-
-def batch_sizes(text: str) -> tuple[int, ...]:
-    """``8,16`` -> (8, 16)."""
-    try:
-        return tuple(int(s) for s in text.split(",") if s.strip())
-    except ValueError:
-        raise ValueError(f"expected a comma list of batch sizes like 8,16, got {text!r}") from None
 
 
 @dataclass(frozen=True)
@@ -34,7 +26,7 @@ class ReplicaConfig:
     threads: int = option(0, "intra-op threads per instance (0: the CPUs this process may use / instances)")
     max_delay_ms: float = option(2.0, "longest wait for a batch to fill")
     preferred_batch_sizes: tuple[int, ...] = option((), "batch sizes to aim for, e.g. 8,16", flag="--preferred-batch",
-                                                    parse=batch_sizes, repeat=False, metavar="N[,N...]")
+                                                    parse=positive_ints, repeat=False, metavar="N[,N...]")
     max_queue: int = option(1024, "rows queued at most; beyond, 503 + Retry-After at once")
     default_timeout_ms: float | None = option(None, "queue timeout of requests that set none (504 past it)",
                                               default_text="no timeout")

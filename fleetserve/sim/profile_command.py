@@ -19,7 +19,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from fleetserve.engine.config import EngineConfig
-from fleetserve.options import option, section
+from fleetserve.options import option, positive_ints, section
 from fleetserve.sim.profile import LengthMix, Profile
 from fleetserve.sim.profiler import (
     ProfileConfig,
@@ -31,25 +31,14 @@ from fleetserve.sim.profiler import (
 )
 
 
-def sizes(text: str) -> tuple[int, ...]:
-    """A comma list of positive integers, e.g. ``1,8,32``."""
-    try:
-        values = tuple(int(s) for s in text.split(",") if s.strip())
-    except ValueError:
-        raise ValueError(f"expected a comma list of integers, got {text!r}") from None
-    if not values or min(values) < 1:
-        raise ValueError(f"expected a comma list of positive integers, got {text!r}")
-    return values
-
-
 @dataclass(frozen=True)
 class ProfileOptions:
     engine: EngineConfig = section(EngineConfig)
     out: Path = option(Path("profile.json"), "where to write the profile JSON", metavar="P.json", required=True)
     threads: int = option(0, "intra-op threads of the instance", default_text="all cores, as one instance uses")
-    batch_sizes: tuple[int, ...] = option((), "batch sizes to time, comma list", parse=sizes, repeat=False,
+    batch_sizes: tuple[int, ...] = option((), "batch sizes to time, comma list", parse=positive_ints, repeat=False,
                                           metavar="N,N,...", default_text="the engine's batch buckets")
-    seq_lengths: tuple[int, ...] = option((), "sequence lengths to time, comma list", parse=sizes, repeat=False,
+    seq_lengths: tuple[int, ...] = option((), "sequence lengths to time, comma list", parse=positive_ints, repeat=False,
                                           metavar="N,N,...", default_text="16, 32, ... up to max-seq")
     repeats: int = option(20, "most timed runs per shape")
     budget_s: float = option(2.0, "timed seconds per shape once 3 runs are in")

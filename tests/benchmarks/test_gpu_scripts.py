@@ -43,8 +43,10 @@ def test_gpu_server_raw_phase_replays_the_bucket_the_engine_uses_and_reuses_the_
     assert gs.graph_seq(gs.parse_args(["--cpu-smoke"])[0]) == 32
     child = gs.raw_argv(cfg, ["--model", "minilm"])
     assert child[child.index("--home") + 1] == str(tmp_path) and "--raw" in child and "minilm" in child
-    texts, _ = gs.parse_args(["--workload", "texts", "--phases", "fleet", "--gateway-workers", "6"])
+    texts, _ = gs.parse_args(["--workload", "texts", "--phases", "fleet", "--gateway-workers", "6",
+                              "--serve-args", "--max-delay-ms 4 --promote-overdue"])
     assert texts.rows == 1 and texts.phases == ("fleet",) and texts.gateway_workers == 6
+    assert texts.serve_args == ("--max-delay-ms", "4", "--promote-overdue")
     with pytest.raises(ValueError, match="unknown phases"):
         gs.parse_args(["--phases", "warp"])
 
@@ -106,17 +108,23 @@ def test_gpu_mlperf_plans_padded_batches_and_reports_against_mlperf() -> None:
     assert sum(rows for rows, _ in plan) == 1000 and all(rows <= 128 for rows, _ in plan)
     assert [seq for _, seq in plan] == sorted(seq for _, seq in plan) and plan[-1][1] == 384
     assert gm.padded_tokens(plan) >= sum(lengths)
-    cfg = gm.parse_args(["--rates", "1000,2000", "--precisions", "fp16"])
+    cfg = gm.parse_args(["--rates", "1000,2000", "--precisions", "fp16", "--server-fleets", "3x2,1x1"])
     assert cfg.rates == (1000.0, 2000.0) and cfg.precisions == ("fp16",) and cfg.max_seq == 384
+    assert cfg.server_fleets == ((3, 2), (1, 1))
+    with pytest.raises(SystemExit):
+        gm.parse_args(["--server-fleets", "three"])
     with pytest.raises(ValueError, match="largest sequence bucket"):
         gm.RunConfig(seq_buckets=(64, 128))
-    server = [{"rate": 1000.0, "achieved": 999.0, "errors": 0, "p50_ms": 20.0, "p99_ms": 60.0},
-              {"rate": 2000.0, "achieved": 1990.0, "errors": 0, "p50_ms": 90.0, "p99_ms": 300.0}]
+    server = [{"replicas": 3, "instances": 2, "rate": 1000.0, "achieved": 999.0, "errors": 0, "p50_ms": 20.0,
+               "p99_ms": 60.0},
+              {"replicas": 3, "instances": 2, "rate": 2000.0, "achieved": 1990.0, "errors": 0, "p50_ms": 90.0,
+               "p99_ms": 300.0}]
     assert gm.server_result(server, 130.0) == 999.0
     offline = [{"precision": "fp16", "samples_per_s": 8100.0, "mean_tokens": 185.0, "padding_overhead": 0.1,
                 "accuracy": {"mean_cosine": 0.9991}}, {"precision": "fp8", "error": "RuntimeError: no"}]
     text = gm.markdown({"gpu": "NVIDIA H200", "config": gm.asdict(cfg), "offline": offline, "server": server})
     assert "| fp16 | 8,100 | 185 | 10% | 0.9991 | 7,940 |" in text and "| fp8 | failed: RuntimeError: no" in text
+    assert "| 3 x 2 | 1,000 | 999 | 20.0 | 60.0 | 0 | yes |" in text
     assert "server result: 999 samples/s within the bound (MLPerf v4.0 one H100: 6,096)" in text
 
 

@@ -32,6 +32,14 @@ def test_build_then_cache_hit_fast() -> None:
     assert time.perf_counter() - t0 < 1.0
 
 
+def test_seq_buckets_shape_the_engine_and_its_cache_key() -> None:
+    default = EngineConfig(model="tiny", max_seq=128)
+    fine = EngineConfig(model="tiny", max_seq=128, seq_buckets=(48, 96))
+    assert default.profile(512).seq_buckets == (16, 32, 64, 128)
+    assert fine.profile(512).seq_buckets == (48, 96, 128)  # max-seq is always a bucket
+    assert build(fine, quiet=True).key != build(default, quiet=True).key
+
+
 def test_int8_build_reports_accuracy_and_differs_in_key() -> None:
     fp32 = build(EngineConfig(model="tiny"), quiet=True)
     int8 = build(EngineConfig(model="tiny", precision=Precision.INT8), quiet=True)
