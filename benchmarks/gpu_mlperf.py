@@ -8,8 +8,10 @@ mix, mean ~185 tokens), the weights are the zoo's seeded ``bert-large``.
    once, as the offline scenario allows: sorted by length, cut into ``--max-batch`` batches, each padded to
    the nearest of ``--seq-buckets`` (one CUDA graph each), run by ``--instances`` engine instances fed by as
    many threads. Samples/s over one timed pass after a warm-up pass, for each of ``--precisions``.
-2. ``server``: ``fleetserve serve bert-large`` (one replica, ``--server-precision``) and ``fleetserve bench``
-   open loop, Poisson arrivals of one sequence per request (v2 binary, squad lengths) at each of ``--rates``.
+2. ``server``: for each of ``--server-fleets`` (replicas x engine instances), that many ``fleetserve serve
+   bert-large`` replicas (``--server-precision``) sharing the GPU behind ``fleetserve gateway``, each cutting
+   batches at the offline run's sequence buckets (``--seq-buckets``), and ``fleetserve bench`` open loop,
+   Poisson arrivals of one sequence per request (v2 binary, squad lengths) at each of ``--rates``.
    The scenario's result is the highest rate answered with p99 <= ``--p99-ms`` (130 ms, MLPerf's bound for
    BERT) and no errors.
 
@@ -57,6 +59,9 @@ class RunConfig:
     max_seq: int = 384
     seq_buckets: tuple[int, ...] = (64, 96, 128, 160, 192, 224, 256, 320, 384)
     instances: int = 2
+    server_fleets: tuple[tuple[int, int], ...] = ((2, 2), (4, 1))  # (replicas, instances each)
+    server_max_delay_ms: float = 8.0
+    gateway_workers: int = 4
     samples: int = 10833
     rates: tuple[float, ...] = (3000.0, 5000.0, 6000.0, 7000.0)
     p99_ms: float = 130.0
@@ -70,8 +75,9 @@ class RunConfig:
     def __post_init__(self) -> None:
         if unknown := set(self.phases) - {"offline", "server"}:
             raise ValueError(f"unknown phases {sorted(unknown)}; choose from offline, server")
-        if self.samples < 1 or self.max_batch < 1 or self.instances < 1:
-            raise ValueError("samples, max_batch and instances must be >= 1")
+        if min(self.samples, self.max_batch, self.instances, self.gateway_workers,
+               *(n for fleet in self.server_fleets for n in fleet)) < 1:
+            raise ValueError("samples, max_batch, instances, replicas and gateway workers must be >= 1")
         if not self.seq_buckets or max(self.seq_buckets) != self.max_seq:
             raise ValueError(f"the largest sequence bucket must be max_seq ({self.max_seq})")
         if min(self.rates, default=1) <= 0 or self.p99_ms <= 0 or self.duration_s <= 0:
@@ -161,47 +167,70 @@ def offline(cfg: RunConfig, precision: str) -> dict[str, Any]:
             round(build_s, 1)}
 
 
-def server(cfg: RunConfig) -> list[dict[str, Any]]:
-    from gpu_server import seed_store
+def server(cfg: RunConfig, replicas_n: int, instances: int) -> list[dict[str, Any]]:
+    """``replicas_n`` replicas of ``instances`` engine instances sharing the GPU, each with the offline run's
+    sequence buckets, behind ``fleetserve gateway`` (one replica: no gateway), and one open-loop Poisson point
+    per rate."""
+    from gpu_server import Proc, seed_store, stop_all, wait_all_ready
 
     from fleetserve.deploy.local import free_port
 
-    from _common import http_get, stop_process, wait_ready
-
     seed_store(cfg)  # the torch-cuda build reads the zoo's PyTorch model: no ONNX export of 1.3 GB
-    port = free_port()
     cli = [sys.executable, "-m", "fleetserve.cli"]
-    serve = [*cli, "serve", cfg.model, "--backend", cfg.backend, "--device", cfg.device, "--precision",
-             cfg.server_precision, "--max-batch", str(cfg.max_batch), "--max-seq", str(cfg.max_seq), "--instances",
-             str(cfg.instances), "--host", "127.0.0.1", "--port", str(port), "--grpc-port", "0", "--max-queue",
-             "65536", "--drain-grace-s", "0", "--drain-timeout-s", "2"]
-    log = cfg.home / "replica.log"
-    with log.open("ab") as f:
-        proc = subprocess.Popen(serve, stdout=f, stderr=subprocess.STDOUT)
-    base = f"http://127.0.0.1:{port}"
+    # The first replica builds the engine into the store; the others start once it is there and load it.
+    replicas: list[Proc] = []
+    bases: list[str] = []
+    procs: list[Proc] = []
     points: list[dict[str, Any]] = []
     try:
-        wait_ready(lambda: http_get(base + "/v2/health/ready", 2.0)[0] == 200, [proc], 240.0, base)
+        for i in range(replicas_n):
+            port = free_port()
+            argv = [*cli, "serve", cfg.model, "--backend", cfg.backend, "--device", cfg.device, "--precision",
+                    cfg.server_precision, "--max-batch", str(cfg.max_batch), "--max-seq", str(cfg.max_seq),
+                    "--seq-buckets", ",".join(map(str, cfg.seq_buckets)), "--instances", str(instances),
+                    "--max-delay-ms", str(cfg.server_max_delay_ms), "--promote-overdue", "--host", "127.0.0.1",
+                    "--port", str(port), "--grpc-port", "0", "--max-queue", "65536", "--drain-grace-s", "0",
+                    "--drain-timeout-s", "2"]
+            replicas.append(Proc(argv, cfg.home / f"replica{i}.log"))
+            bases.append(f"http://127.0.0.1:{port}")
+            procs.append(replicas[-1])
+            if i == 0:
+                wait_all_ready(bases[0] + "/v2/health/ready", replicas, 240.0)
+        for b in bases:
+            wait_all_ready(b + "/v2/health/ready", replicas, 240.0)
+        url = bases[0]
+        if replicas_n > 1:
+            port = free_port()
+            gateway = Proc([*cli, "gateway", *(a for b in bases for a in ("--backend", b)), "--host", "127.0.0.1",
+                            "--port", str(port), "--workers", str(cfg.gateway_workers), "--health-interval", "0.5"],
+                           cfg.home / "gateway.log")
+            procs.append(gateway)
+            url = f"http://127.0.0.1:{port}"
+            wait_all_ready(url + "/v2/health/ready", [gateway], 30.0)
+            time.sleep(1.0)  # every worker's health checker has seen every replica
         for rate in cfg.rates:
             report = cfg.home / f"bench-{rate:.0f}.json"
-            argv = [*cli, "bench", base, "--rate", str(rate), "--arrivals", "poisson", "--duration",
+            argv = [*cli, "bench", url, "--rate", str(rate), "--arrivals", "poisson", "--duration",
                     str(cfg.duration_s), "--warmup", str(cfg.warmup_s), "--workload", "v2-binary", "--model",
                     cfg.model, "--lengths", "squad", "--output", "sentence_embedding", "--processes",
                     str(cfg.bench_processes), "--timeout", "10", "--out", str(report)]
             done = subprocess.run(argv, capture_output=True, text=True, timeout=cfg.duration_s + cfg.warmup_s + 60)
+            fleet = {"replicas": replicas_n, "instances": instances, "rate": rate}
             if not report.is_file():
-                points.append({"rate": rate, "error": (done.stderr or done.stdout)[-600:]})
+                points.append({**fleet, "error": (done.stderr or done.stdout)[-600:]})
                 continue
             r = json.loads(report.read_text())
             lat = r["latency_s"]
-            points.append({"rate": rate, "command": " ".join(["fleetserve", *argv[3:]]), "achieved": r["achieved_rps"],
-                           "ok": r["ok"], "errors": r["errors"], "p50_ms": (lat.get("p50") or 0) * 1e3,
-                           "p99_ms": (lat.get("p99") or 0) * 1e3})
+            points.append({**fleet, "command": " ".join(["fleetserve", *argv[3:]]), "achieved": r["achieved_rps"],
+                           "ok": r["ok"], "errors": r["errors"], "errors_by_type": r.get("errors_by_type"),
+                           "p50_ms": (lat.get("p50") or 0) * 1e3, "p99_ms": (lat.get("p99") or 0) * 1e3})
             print("server:", points[-1], flush=True)
     except Exception as exc:  # the offline results still get written
-        points.append({"error": f"{type(exc).__name__}: {exc}; log tail: {log.read_text()[-1500:]}"})
+        tail = (cfg.home / "replica0.log").read_text()[-1500:] if (cfg.home / "replica0.log").is_file() else ""
+        points.append({"replicas": replicas_n, "instances": instances,
+                       "error": f"{type(exc).__name__}: {exc}; log tail: {tail}"})
     finally:
-        stop_process(proc, 10.0)
+        stop_all(procs)
     return points
 
 
@@ -219,15 +248,20 @@ def markdown(results: dict[str, Any]) -> str:
         cos = r["accuracy"].get("mean_cosine")
         lines.append(f"| {r['precision']} | {r['samples_per_s']:,.0f} | {r['mean_tokens']:.0f} | "
                      f"{100 * r['padding_overhead']:.0f}% | {'' if cos is None else f'{cos:.4f}'} | {ref:,} |")
-    lines += ["", f"server ({cfg['server_precision']}, one replica, Poisson, p99 bound {cfg['p99_ms']:.0f} ms):", "",
-              "| offered/s | achieved/s | p50 ms | p99 ms | errors | within bound |", "|---:|---:|---:|---:|---:|---|"]
+    lines += ["", f"server ({cfg['server_precision']}, replicas sharing the GPU behind the gateway, each with the "
+              f"offline buckets and --max-delay-ms {cfg['server_max_delay_ms']:g} --promote-overdue; Poisson; p99 "
+              f"bound {cfg['p99_ms']:.0f} ms):", "",
+              "| replicas x instances | offered/s | achieved/s | p50 ms | p99 ms | errors | within bound |",
+              "|---|---:|---:|---:|---:|---:|---|"]
     for p in results.get("server", []):
+        fleet = f"{p.get('replicas', '?')} x {p.get('instances', '?')}"
         if "error" in p:
-            lines.append(f"| {p.get('rate', '')} | failed: {p['error'][-200:]} | | | | |")
+            lines.append(f"| {fleet} | {p.get('rate', '')} | failed: {p['error'][-200:]} | | | | |")
             continue
         ok = p["p99_ms"] <= cfg["p99_ms"] and p["errors"] == 0
-        lines.append(f"| {p['rate']:,.0f} | {p['achieved']:,.0f} | {p['p50_ms']:.1f} | {p['p99_ms']:.1f} | "
-                     f"{p['errors']} | {'yes' if ok else 'no'} |")
+        kinds = f" {p['errors_by_type']}" if p.get("errors_by_type") else ""
+        lines.append(f"| {fleet} | {p['rate']:,.0f} | {p['achieved']:,.0f} | {p['p50_ms']:.1f} | {p['p99_ms']:.1f} | "
+                     f"{p['errors']}{kinds} | {'yes' if ok else 'no'} |")
     best = server_result(results.get("server", []), cfg["p99_ms"])
     ref = REFERENCES["server"]["99% (INT8/FP8)" if cfg["server_precision"] in ("fp8", "int8") else "99.9% (FP16)"]
     lines += ["", f"server result: {best:,.0f} samples/s within the bound (MLPerf v4.0 one H100: {ref:,})"]
@@ -240,6 +274,14 @@ def server_result(points: list[dict[str, Any]], p99_ms: float) -> float:
     return max(good, default=0.0)
 
 
+def fleets(text: str) -> tuple[tuple[int, int], ...]:
+    """``2x2,4x1`` -> ((2, 2), (4, 1)): replicas x engine instances each."""
+    try:
+        return tuple((int(r), int(i)) for r, i in (f.split("x") for f in text.split(",") if f))
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected REPLICASxINSTANCES[,...] like 2x2,4x1, got {text!r}") from None
+
+
 def parse_args(argv: list[str] | None = None) -> RunConfig:
     floats = lambda s: tuple(float(x) for x in s.split(",") if x)  # noqa: E731
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
@@ -248,6 +290,9 @@ def parse_args(argv: list[str] | None = None) -> RunConfig:
     p.add_argument("--max-batch", type=int)
     p.add_argument("--instances", type=int)
     p.add_argument("--samples", type=int)
+    p.add_argument("--server-fleets", type=fleets, help="replicas x instances each, e.g. 2x2,4x1")
+    p.add_argument("--server-max-delay-ms", type=float)
+    p.add_argument("--gateway-workers", type=int)
     p.add_argument("--rates", type=floats)
     p.add_argument("--p99-ms", type=float)
     p.add_argument("--duration", type=float)
@@ -257,7 +302,9 @@ def parse_args(argv: list[str] | None = None) -> RunConfig:
     p.add_argument("--home", type=Path)
     a = p.parse_args(argv)
     overrides = {"precisions": a.precisions, "server_precision": a.server_precision, "max_batch": a.max_batch,
-                 "instances": a.instances, "samples": a.samples, "rates": a.rates, "p99_ms": a.p99_ms,
+                 "instances": a.instances, "server_fleets": a.server_fleets,
+                 "server_max_delay_ms": a.server_max_delay_ms,
+                 "gateway_workers": a.gateway_workers, "samples": a.samples, "rates": a.rates, "p99_ms": a.p99_ms,
                  "duration_s": a.duration, "bench_processes": a.bench_processes, "phases": a.phases, "out": a.out,
                  "home": a.home}
     return replace(RunConfig(), **{k: v for k, v in overrides.items() if v is not None})
@@ -281,7 +328,8 @@ def main(argv: list[str] | None = None) -> int:
                 print("offline:", results["offline"][-1], flush=True)
                 torch.cuda.empty_cache()
         if "server" in cfg.phases:
-            results["server"] = server(cfg)
+            for replicas_n, instances in cfg.server_fleets:
+                results["server"] += server(cfg, replicas_n, instances)
     finally:
         (cfg.out / "gpu_mlperf.json").write_text(json.dumps(results, indent=2, default=str) + "\n")
         text = markdown(results)

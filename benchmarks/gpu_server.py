@@ -34,6 +34,7 @@ import argparse
 import json
 import os
 import resource
+import shlex
 import signal
 import subprocess
 import sys
@@ -71,6 +72,7 @@ class RunConfig:
     concurrency: tuple[int, ...] = (4, 16, 64)
     replicas: tuple[int, ...] = (1, 2, 4)
     fleet_instances: int = 2
+    serve_args: tuple[str, ...] = ()  # more `fleetserve serve` flags for every replica, e.g. --max-delay-ms 4
     fleet_concurrency: tuple[int, ...] = (32, 128)
     gateway_workers: int = 0  # 0: max(2, replicas)
     bench_processes: int = 0  # 0: 2 against one replica, max(2, min(replicas, 4)) through the gateway
@@ -247,7 +249,7 @@ def start_replicas(cfg: RunConfig, n: int, instances: int, logs: Path,
         port = free_port()
         argv = [*CLI, "serve", *cfg.engine_args(), "--instances", str(instances), "--host", "127.0.0.1",
                 "--port", str(port), "--grpc-port", "0", "--max-queue", str(max(8192, cfg.max_batch)),
-                "--drain-grace-s", "0", "--drain-timeout-s", "2"]
+                "--drain-grace-s", "0", "--drain-timeout-s", "2", *cfg.serve_args]
         env = {"CUDA_VISIBLE_DEVICES": str(i % gpus)} if gpus else None
         procs.append(Proc(argv, logs / f"replica{i}.log", env))  # appended to by later starts
         bases.append(f"http://127.0.0.1:{port}")
@@ -475,6 +477,7 @@ def parse_args(argv: list[str] | None = None) -> tuple[RunConfig, argparse.Names
     p.add_argument("--workload", choices=("v2-binary", "texts"))
     p.add_argument("--phases", type=lambda s: tuple(x for x in s.split(",") if x))
     p.add_argument("--fleet-instances", type=int)
+    p.add_argument("--serve-args", type=shlex.split, help="more `fleetserve serve` flags for every replica")
     p.add_argument("--gateway-workers", type=int)
     p.add_argument("--bench-processes", type=int)
     p.add_argument("--instances", type=ints)
@@ -493,6 +496,7 @@ def parse_args(argv: list[str] | None = None) -> tuple[RunConfig, argparse.Names
                       duration_s=1.5, warmup_s=0.5, raw_s=0.5, budget_s=150.0)
     overrides = {"model": args.model, "precision": args.precision, "max_batch": args.max_batch,
                  "workload": args.workload, "phases": args.phases, "fleet_instances": args.fleet_instances,
+                 "serve_args": None if args.serve_args is None else tuple(args.serve_args),
                  "gateway_workers": args.gateway_workers, "bench_processes": args.bench_processes,
                  "instances": args.instances, "concurrency": args.concurrency,
                  "replicas": args.replicas,
