@@ -10,10 +10,10 @@ mix, mean ~185 tokens), the weights are the zoo's seeded ``bert-large``.
    many threads. Samples/s over one timed pass after a warm-up pass, for each of ``--precisions``.
 2. ``server``: for each of ``--server-fleets`` (replicas x engine instances), that many ``fleetserve serve
    bert-large`` replicas (``--server-precision``) sharing the GPU behind ``fleetserve gateway``, each cutting
-   batches at the offline run's sequence buckets (``--seq-buckets``), and ``fleetserve bench`` open loop,
-   Poisson arrivals of one sequence per request (v2 binary, squad lengths) at each of ``--rates``.
-   The scenario's result is the highest rate answered with p99 <= ``--p99-ms`` (130 ms, MLPerf's bound for
-   BERT) and no errors.
+   batches at ``--server-seq-buckets`` (fewer than offline: online, each bucket is a queue of its own), and
+   ``fleetserve bench`` open loop, Poisson arrivals of one sequence per request (v2 binary, squad lengths) at
+   each of ``--rates``. The scenario's result is the highest rate answered with p99 <= ``--p99-ms`` (130 ms,
+   MLPerf's bound for BERT) and no errors.
 
 Writes ``gpu_mlperf.json`` and ``gpu_mlperf.md`` under ``--out`` (default ``$OUT``).
 
@@ -59,8 +59,10 @@ class RunConfig:
     max_seq: int = 384
     seq_buckets: tuple[int, ...] = (64, 96, 128, 160, 192, 224, 256, 320, 384)
     instances: int = 2
-    server_fleets: tuple[tuple[int, int], ...] = ((2, 2), (4, 1))  # (replicas, instances each)
-    server_max_delay_ms: float = 8.0
+    server_fleets: tuple[tuple[int, int], ...] = ((1, 2), (2, 1))  # (replicas, instances each)
+    # Online, each bucket is its own queue: fewer buckets than offline make fuller batches.
+    server_seq_buckets: tuple[int, ...] = (128, 192, 256, 384)
+    server_max_delay_ms: float = 16.0
     gateway_workers: int = 4
     samples: int = 10833
     rates: tuple[float, ...] = (3000.0, 5000.0, 6000.0, 7000.0)
@@ -78,7 +80,7 @@ class RunConfig:
         if min(self.samples, self.max_batch, self.instances, self.gateway_workers,
                *(n for fleet in self.server_fleets for n in fleet)) < 1:
             raise ValueError("samples, max_batch, instances, replicas and gateway workers must be >= 1")
-        if not self.seq_buckets or max(self.seq_buckets) != self.max_seq:
+        if max(self.seq_buckets, default=0) != self.max_seq or max(self.server_seq_buckets, default=0) != self.max_seq:
             raise ValueError(f"the largest sequence bucket must be max_seq ({self.max_seq})")
         if min(self.rates, default=1) <= 0 or self.p99_ms <= 0 or self.duration_s <= 0:
             raise ValueError("rates, p99 bound and duration must be positive")
@@ -168,12 +170,15 @@ def offline(cfg: RunConfig, precision: str) -> dict[str, Any]:
 
 
 def server(cfg: RunConfig, replicas_n: int, instances: int) -> list[dict[str, Any]]:
-    """``replicas_n`` replicas of ``instances`` engine instances sharing the GPU, each with the offline run's
-    sequence buckets, behind ``fleetserve gateway`` (one replica: no gateway), and one open-loop Poisson point
-    per rate."""
-    from gpu_server import Proc, seed_store, stop_all, wait_all_ready
+    """``replicas_n`` replicas of ``instances`` engine instances sharing the GPU, each with the server buckets,
+    behind ``fleetserve gateway`` (one replica: no gateway), and one open-loop Poisson point
+    per rate, with the CPU cores of replicas and gateway and the GPU's utilisation over it."""
+    from gpu_server import GpuSampler, Proc, seed_store, stop_all, wait_all_ready
 
+    from fleetserve.bench.scenarios import tree_cpu_seconds
     from fleetserve.deploy.local import free_port
+
+    from _common import scrape
 
     seed_store(cfg)  # the torch-cuda build reads the zoo's PyTorch model: no ONNX export of 1.3 GB
     cli = [sys.executable, "-m", "fleetserve.cli"]
@@ -182,12 +187,17 @@ def server(cfg: RunConfig, replicas_n: int, instances: int) -> list[dict[str, An
     bases: list[str] = []
     procs: list[Proc] = []
     points: list[dict[str, Any]] = []
+    gpu = GpuSampler()
+
+    def cores(group: list[Proc]) -> float:
+        return sum(tree_cpu_seconds(p.popen.pid) for p in group)
+
     try:
         for i in range(replicas_n):
             port = free_port()
             argv = [*cli, "serve", cfg.model, "--backend", cfg.backend, "--device", cfg.device, "--precision",
                     cfg.server_precision, "--max-batch", str(cfg.max_batch), "--max-seq", str(cfg.max_seq),
-                    "--seq-buckets", ",".join(map(str, cfg.seq_buckets)), "--instances", str(instances),
+                    "--seq-buckets", ",".join(map(str, cfg.server_seq_buckets)), "--instances", str(instances),
                     "--max-delay-ms", str(cfg.server_max_delay_ms), "--promote-overdue", "--host", "127.0.0.1",
                     "--port", str(port), "--grpc-port", "0", "--max-queue", "65536", "--drain-grace-s", "0",
                     "--drain-timeout-s", "2"]
@@ -214,8 +224,15 @@ def server(cfg: RunConfig, replicas_n: int, instances: int) -> list[dict[str, An
                     str(cfg.duration_s), "--warmup", str(cfg.warmup_s), "--workload", "v2-binary", "--model",
                     cfg.model, "--lengths", "squad", "--output", "sentence_embedding", "--processes",
                     str(cfg.bench_processes), "--timeout", "10", "--out", str(report)]
+            before = [scrape(b) for b in bases]
+            cpu0, t0 = (cores(replicas), cores(procs[len(replicas):])), time.monotonic()
             done = subprocess.run(argv, capture_output=True, text=True, timeout=cfg.duration_s + cfg.warmup_s + 60)
-            fleet = {"replicas": replicas_n, "instances": instances, "rate": rate}
+            t1 = time.monotonic()
+            fleet = {"replicas": replicas_n, "instances": instances, "rate": rate,
+                     "replica_cores": (cores(replicas) - cpu0[0]) / (t1 - t0),
+                     "gateway_cores": (cores(procs[len(replicas):]) - cpu0[1]) / (t1 - t0),
+                     "gpu_util": gpu.window(t1 - 0.3 - cfg.duration_s, t1 - 0.3)["gpu_util"],
+                     "mean_batch_rows": mean_batch(before, [scrape(b) for b in bases])}
             if not report.is_file():
                 points.append({**fleet, "error": (done.stderr or done.stdout)[-600:]})
                 continue
@@ -230,8 +247,18 @@ def server(cfg: RunConfig, replicas_n: int, instances: int) -> list[dict[str, An
         points.append({"replicas": replicas_n, "instances": instances,
                        "error": f"{type(exc).__name__}: {exc}; log tail: {tail}"})
     finally:
+        gpu.close()
         stop_all(procs)
     return points
+
+
+def mean_batch(before: list[dict[str, float]], after: list[dict[str, float]]) -> float | None:
+    """Rows per engine call over the replicas between two scrapes of their ``fleetserve_batch_size``."""
+    rows = sum(a.get("fleetserve_batch_size_sum", 0) - b.get("fleetserve_batch_size_sum", 0)
+               for a, b in zip(after, before, strict=True))
+    calls = sum(a.get("fleetserve_batch_size_count", 0) - b.get("fleetserve_batch_size_count", 0)
+                for a, b in zip(after, before, strict=True))
+    return rows / calls if calls else None
 
 
 def markdown(results: dict[str, Any]) -> str:
@@ -248,11 +275,12 @@ def markdown(results: dict[str, Any]) -> str:
         cos = r["accuracy"].get("mean_cosine")
         lines.append(f"| {r['precision']} | {r['samples_per_s']:,.0f} | {r['mean_tokens']:.0f} | "
                      f"{100 * r['padding_overhead']:.0f}% | {'' if cos is None else f'{cos:.4f}'} | {ref:,} |")
-    lines += ["", f"server ({cfg['server_precision']}, replicas sharing the GPU behind the gateway, each with the "
-              f"offline buckets and --max-delay-ms {cfg['server_max_delay_ms']:g} --promote-overdue; Poisson; p99 "
-              f"bound {cfg['p99_ms']:.0f} ms):", "",
-              "| replicas x instances | offered/s | achieved/s | p50 ms | p99 ms | errors | within bound |",
-              "|---|---:|---:|---:|---:|---:|---|"]
+    buckets = ",".join(map(str, cfg["server_seq_buckets"]))
+    lines += ["", f"server ({cfg['server_precision']}, replicas sharing the GPU behind the gateway, buckets {buckets}, "
+              f"--max-delay-ms {cfg['server_max_delay_ms']:g} --promote-overdue; Poisson; p99 bound "
+              f"{cfg['p99_ms']:.0f} ms):", "",
+              "| replicas x instances | offered/s | achieved/s | p50 ms | p99 ms | errors | within bound | mean batch "
+              "| GPU util | replica cores | gateway cores |", "|---|---:|---:|---:|---:|---:|---|---:|---:|---:|---:|"]
     for p in results.get("server", []):
         fleet = f"{p.get('replicas', '?')} x {p.get('instances', '?')}"
         if "error" in p:
@@ -260,8 +288,11 @@ def markdown(results: dict[str, Any]) -> str:
             continue
         ok = p["p99_ms"] <= cfg["p99_ms"] and p["errors"] == 0
         kinds = f" {p['errors_by_type']}" if p.get("errors_by_type") else ""
+        extra = " | ".join("" if p.get(k) is None else f"{p[k]:.{d}f}"
+                           for k, d in (("mean_batch_rows", 1), ("gpu_util", 2), ("replica_cores", 1),
+                                        ("gateway_cores", 1)))
         lines.append(f"| {fleet} | {p['rate']:,.0f} | {p['achieved']:,.0f} | {p['p50_ms']:.1f} | {p['p99_ms']:.1f} | "
-                     f"{p['errors']}{kinds} | {'yes' if ok else 'no'} |")
+                     f"{p['errors']}{kinds} | {'yes' if ok else 'no'} | {extra} |")
     best = server_result(results.get("server", []), cfg["p99_ms"])
     ref = REFERENCES["server"]["99% (INT8/FP8)" if cfg["server_precision"] in ("fp8", "int8") else "99.9% (FP16)"]
     lines += ["", f"server result: {best:,.0f} samples/s within the bound (MLPerf v4.0 one H100: {ref:,})"]
@@ -292,6 +323,7 @@ def parse_args(argv: list[str] | None = None) -> RunConfig:
     p.add_argument("--samples", type=int)
     p.add_argument("--server-fleets", type=fleets, help="replicas x instances each, e.g. 2x2,4x1")
     p.add_argument("--server-max-delay-ms", type=float)
+    p.add_argument("--server-seq-buckets", type=lambda s: tuple(int(x) for x in s.split(",") if x))
     p.add_argument("--gateway-workers", type=int)
     p.add_argument("--rates", type=floats)
     p.add_argument("--p99-ms", type=float)
@@ -303,7 +335,7 @@ def parse_args(argv: list[str] | None = None) -> RunConfig:
     a = p.parse_args(argv)
     overrides = {"precisions": a.precisions, "server_precision": a.server_precision, "max_batch": a.max_batch,
                  "instances": a.instances, "server_fleets": a.server_fleets,
-                 "server_max_delay_ms": a.server_max_delay_ms,
+                 "server_max_delay_ms": a.server_max_delay_ms, "server_seq_buckets": a.server_seq_buckets,
                  "gateway_workers": a.gateway_workers, "samples": a.samples, "rates": a.rates, "p99_ms": a.p99_ms,
                  "duration_s": a.duration, "bench_processes": a.bench_processes, "phases": a.phases, "out": a.out,
                  "home": a.home}

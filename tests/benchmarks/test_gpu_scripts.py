@@ -124,7 +124,9 @@ def test_gpu_mlperf_plans_padded_batches_and_reports_against_mlperf() -> None:
                 "accuracy": {"mean_cosine": 0.9991}}, {"precision": "fp8", "error": "RuntimeError: no"}]
     text = gm.markdown({"gpu": "NVIDIA H200", "config": gm.asdict(cfg), "offline": offline, "server": server})
     assert "| fp16 | 8,100 | 185 | 10% | 0.9991 | 7,940 |" in text and "| fp8 | failed: RuntimeError: no" in text
-    assert "| 3 x 2 | 1,000 | 999 | 20.0 | 60.0 | 0 | yes |" in text
+    assert "| 3 x 2 | 1,000 | 999 | 20.0 | 60.0 | 0 | yes |  |  |  |  |" in text
+    assert gm.mean_batch([{"fleetserve_batch_size_sum": 10, "fleetserve_batch_size_count": 5}],
+                         [{"fleetserve_batch_size_sum": 50, "fleetserve_batch_size_count": 10}]) == 8.0
     assert "server result: 999 samples/s within the bound (MLPerf v4.0 one H100: 6,096)" in text
 
 
