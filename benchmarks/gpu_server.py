@@ -10,7 +10,7 @@
 3. ``replica``: one ``fleetserve serve`` per ``--instances`` value, a closed-loop ``fleetserve bench`` sweep
    over ``--concurrency`` with ranking-sized v2-binary requests (``--rows`` sequences of ``--tokens``), or
    with ``--workload texts`` one short text per ``/inference`` request (the search mix, tokenised by the
-   replica).
+   replica), or with ``--workload rank`` one query and ``--candidates`` texts to rank against it.
 4. ``fleet``: 1, 2, 4 replicas on the one GPU behind ``fleetserve gateway --workers N``.
 
 ``--phases`` picks which of raw, replica and fleet run (the build always does).
@@ -54,6 +54,7 @@ from fleetserve.deploy.local import free_port  # noqa: E402
 from _common import NotReady, http_get, machine_cpu_s, scrape, wait_ready  # noqa: E402
 
 CLI = [sys.executable, "-m", "fleetserve.cli"]
+WORKLOADS = ("v2-binary", "texts", "rank")
 EMBEDDING = "sentence_embedding"
 
 
@@ -66,6 +67,7 @@ class RunConfig:
     max_batch: int = 128
     max_seq: int = 128
     workload: str = "v2-binary"
+    candidates: int = 20  # rank workload: candidates per query
     rows: int = 32
     tokens: int = 128
     instances: tuple[int, ...] = (2, 4)
@@ -87,12 +89,14 @@ class RunConfig:
     work: Path = field(default_factory=lambda: Path(tempfile.mkdtemp(prefix="gpu-server-")))
 
     def __post_init__(self) -> None:
-        if self.workload not in ("v2-binary", "texts"):
-            raise ValueError(f"workload must be v2-binary or texts, got {self.workload!r}")
+        if self.workload not in WORKLOADS:
+            raise ValueError(f"workload must be one of {', '.join(WORKLOADS)}, got {self.workload!r}")
         if unknown := set(self.phases) - {"raw", "replica", "fleet"}:
             raise ValueError(f"unknown phases {sorted(unknown)}; choose from raw, replica, fleet")
         if self.workload == "texts":
             object.__setattr__(self, "rows", 1)
+        elif self.workload == "rank":  # one query and its candidates, tokenised by the replica as one request
+            object.__setattr__(self, "rows", 1 + self.candidates)
         if not 1 <= self.rows <= self.max_batch:
             raise ValueError(f"rows must be in 1..max_batch ({self.max_batch}), got {self.rows}")
         if not 2 <= self.tokens <= self.max_seq:
@@ -206,6 +210,8 @@ def bench_point(cfg: RunConfig, url: str, concurrency: int, processes: int, serv
             "--timeout", "30", "--out", str(report)]
     if cfg.workload == "v2-binary":
         argv += ["--model", cfg.model, "--rows", str(cfg.rows), "--tokens", str(cfg.tokens), "--output", EMBEDDING]
+    elif cfg.workload == "rank":
+        argv += ["--candidates", str(cfg.candidates)]
     before = [scrape(b) for b in bases]
     cpu0 = {k: sum(tree_cpu_seconds(p.popen.pid) for p in v) for k, v in servers.items()}
     m0, t0, kids0 = machine_cpu_s(), time.monotonic(), children_cpu_s()
@@ -429,8 +435,9 @@ def markdown(results: dict[str, Any]) -> str:
     # The ceiling a server is held to: the best single-instance infer() (embedding only, where supported).
     base = raw.get("infer_embedding_only_seq_per_s") or raw.get("infer_all_outputs_seq_per_s")
     conf = results["config"]
-    shape = ("one text per /inference request (search mix)" if conf.get("workload") == "texts"
-             else f"rows {conf['rows']} x tokens {conf['tokens']} per request")
+    shape = {"texts": "one text per /inference request (search mix)",
+             "rank": f"one query + {conf.get('candidates')} candidates per /inference request (search mix)"}.get(
+        conf.get("workload", ""), f"rows {conf['rows']} x tokens {conf['tokens']} per request")
     lines = [f"GPU server run: {results['gpu']}; {conf['model']} {conf['precision']}; {shape}; "
              f"budget {conf['budget_s']:.0f} s, "
              f"took {results.get('elapsed_s', 0):.0f} s", "", f"build: `{results['build'].get('command')}` "
@@ -474,7 +481,8 @@ def parse_args(argv: list[str] | None = None) -> tuple[RunConfig, argparse.Names
     p.add_argument("--model")
     p.add_argument("--precision")
     p.add_argument("--max-batch", type=int)
-    p.add_argument("--workload", choices=("v2-binary", "texts"))
+    p.add_argument("--workload", choices=WORKLOADS)
+    p.add_argument("--candidates", type=int)
     p.add_argument("--phases", type=lambda s: tuple(x for x in s.split(",") if x))
     p.add_argument("--fleet-instances", type=int)
     p.add_argument("--serve-args", type=shlex.split, help="more `fleetserve serve` flags for every replica")
@@ -495,7 +503,8 @@ def parse_args(argv: list[str] | None = None) -> tuple[RunConfig, argparse.Names
                       rows=8, tokens=32, instances=(1, 2), concurrency=(2, 8), replicas=(1, 2), fleet_concurrency=(8,),
                       duration_s=1.5, warmup_s=0.5, raw_s=0.5, budget_s=150.0)
     overrides = {"model": args.model, "precision": args.precision, "max_batch": args.max_batch,
-                 "workload": args.workload, "phases": args.phases, "fleet_instances": args.fleet_instances,
+                 "workload": args.workload, "candidates": args.candidates, "phases": args.phases,
+                 "fleet_instances": args.fleet_instances,
                  "serve_args": None if args.serve_args is None else tuple(args.serve_args),
                  "gateway_workers": args.gateway_workers, "bench_processes": args.bench_processes,
                  "instances": args.instances, "concurrency": args.concurrency,

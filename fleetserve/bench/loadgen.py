@@ -25,7 +25,7 @@ from fleetserve.bench.arrivals import ARRIVALS, RateProfile, arrival_offsets
 from fleetserve.bench.client import CLIENTS, ClientConfig, HttpClient, RequestError, client_name, open_client
 from fleetserve.bench.recorder import RawResult, Recorder
 from fleetserve.bench.report import LoadReport, build_report
-from fleetserve.bench.workloads import WORKLOADS, WorkloadConfig, make_payloads
+from fleetserve.bench.workloads import RANK_CANDIDATES, WORKLOADS, WorkloadConfig, make_payloads
 from fleetserve.options import option
 from fleetserve.wire import TIMEOUT_HEADER
 
@@ -82,6 +82,7 @@ class LoadConfig:
                                       metavar="NAME", default_text="all outputs")
     lengths: str = option("search", "v2 workloads without --tokens: length mix (squad: MLPerf BERT-like, max 384)",
                           choices=("search", "squad"))
+    candidates: int = option(RANK_CANDIDATES, "rank workload: candidates ranked against each query")
     profile: RateProfile | None = None
 
     def __post_init__(self) -> None:
@@ -132,7 +133,7 @@ class LoadConfig:
     def workload_config(self) -> WorkloadConfig:
         return WorkloadConfig(
             self.workload, self.model, self.long_fraction, self.pool_size, self.rows, self.tokens, self.outputs,
-            self.lengths,
+            self.lengths, self.candidates,
         )
 
     def split(self) -> list[LoadConfig]:

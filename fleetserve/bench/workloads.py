@@ -74,6 +74,7 @@ class WorkloadConfig:
     tokens: int | None = None  # tokens per v2 row including [CLS]/[SEP]; None: the length mix
     outputs: tuple[str, ...] = ()  # v2 outputs to ask for; empty: the server's default (all)
     lengths: str = "search"  # v2 length mix when tokens is None: "search" or "squad"
+    candidates: int = RANK_CANDIDATES  # rank: candidates per query
 
     def __post_init__(self) -> None:
         if self.name not in WORKLOADS:
@@ -87,6 +88,10 @@ class WorkloadConfig:
             raise ValueError(f"rows, tokens and outputs apply to the v2 workloads, not {self.name!r}")
         if any(not o for o in self.outputs):
             raise ValueError("output names must not be empty")
+        if not 1 <= self.candidates < MAX_ROWS:
+            raise ValueError(f"candidates must be in 1..{MAX_ROWS - 1}, got {self.candidates}")
+        if self.name != "rank" and self.candidates != RANK_CANDIDATES:
+            raise ValueError(f"candidates apply to the rank workload, not {self.name!r}")
         if not self.model:
             raise ValueError("model name must not be empty")
         if self.lengths not in LENGTH_MIXES:
@@ -146,7 +151,7 @@ def texts_payload(config: WorkloadConfig, rng: random.Random) -> Payload:
 
 def rank_payload(config: WorkloadConfig, rng: random.Random) -> Payload:
     query = sentence(rng, rng.randint(*QUERY_TOKENS))
-    candidates = [sentence(rng, token_count(rng, config.long_fraction)) for _ in range(RANK_CANDIDATES)]
+    candidates = [sentence(rng, token_count(rng, config.long_fraction)) for _ in range(config.candidates)]
     return Payload("/inference", _json({"query": query, "candidates": candidates, "top_k": RANK_TOP_K}))
 
 

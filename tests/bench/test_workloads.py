@@ -62,6 +62,12 @@ def test_rank_payload_is_well_formed() -> None:
         assert 1 <= body["top_k"] <= RANK_CANDIDATES
 
 
+def test_rank_candidates_set_the_ranking_size() -> None:
+    """The issue's ranking call is one query and 20 candidates: ``--candidates 20``."""
+    payloads = make_payloads(WorkloadConfig("rank", candidates=20, pool_size=5), random.Random(0))
+    assert {len(json.loads(p.body)["candidates"]) for p in payloads} == {20}
+
+
 def check_tensors(tensors: dict[str, np.ndarray]) -> None:
     assert list(tensors) == list(V2_INPUTS)
     ids = tensors["input_ids"]
@@ -159,6 +165,8 @@ def test_v2_outputs_are_requested_by_name(name: str, binary: bool) -> None:
         ({"name": "rank", "outputs": ("sentence_embedding",)}, "v2 workloads"),
         ({"name": "v2-binary", "lengths": "wiki"}, "unknown length mix"),
         ({"name": "texts", "lengths": "squad"}, "v2 workloads"),
+        ({"name": "rank", "candidates": 0}, "candidates must be in"),
+        ({"name": "texts", "candidates": 20}, "candidates apply to the rank workload"),
     ],
 )
 def test_workload_config_validation(kwargs: dict[str, object], message: str) -> None:

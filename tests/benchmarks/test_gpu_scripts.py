@@ -47,6 +47,8 @@ def test_gpu_server_raw_phase_replays_the_bucket_the_engine_uses_and_reuses_the_
                               "--serve-args", "--max-delay-ms 4 --promote-overdue"])
     assert texts.rows == 1 and texts.phases == ("fleet",) and texts.gateway_workers == 6
     assert texts.serve_args == ("--max-delay-ms", "4", "--promote-overdue")
+    rank, _ = gs.parse_args(["--workload", "rank", "--candidates", "20"])
+    assert rank.rows == 21 and rank.candidates == 20
     with pytest.raises(ValueError, match="unknown phases"):
         gs.parse_args(["--phases", "warp"])
 
