@@ -68,6 +68,7 @@ class RunConfig:
     max_seq: int = 128
     workload: str = "v2-binary"
     candidates: int = 20  # rank workload: candidates per query
+    seq_buckets: tuple[int, ...] = ()  # the engine's sequence buckets; empty: fleetserve's default
     rows: int = 32
     tokens: int = 128
     instances: tuple[int, ...] = (2, 4)
@@ -107,8 +108,10 @@ class RunConfig:
             raise ValueError("durations must be positive")
 
     def engine_args(self) -> list[str]:
+        """The engine every replica serves, built once before they start (so they load it, not build it)."""
+        buckets = ["--seq-buckets", ",".join(map(str, self.seq_buckets))] if self.seq_buckets else []
         return [self.model, "--backend", self.backend, "--device", self.device, "--precision", self.precision,
-                "--max-batch", str(self.max_batch), "--max-seq", str(self.max_seq)]
+                "--max-batch", str(self.max_batch), "--max-seq", str(self.max_seq), *buckets]
 
 
 class Deadline:
@@ -355,10 +358,12 @@ def seed_store(cfg: RunConfig) -> None:
 
 def graph_seq(cfg: RunConfig) -> int:
     """The sequence bucket whose captured graph a ``tokens``-long batch replays (what the engine picks)."""
-    from fleetserve.engine.base import ShapeProfile
+    from fleetserve.engine.config import EngineConfig
     from fleetserve.engine.gpu_io import bucket_for
 
-    return bucket_for(ShapeProfile(cfg.max_batch, cfg.max_seq).seq_buckets, cfg.tokens, "sequence length")
+    engine = EngineConfig(max_batch=cfg.max_batch, max_seq=cfg.max_seq, seq_buckets=cfg.seq_buckets)
+    profile = engine.profile(cfg.max_seq)
+    return bucket_for(profile.seq_buckets, cfg.tokens, "sequence length")
 
 
 def raw_argv(cfg: RunConfig, argv: list[str]) -> list[str]:
@@ -375,7 +380,8 @@ def raw_engine(cfg: RunConfig) -> dict[str, Any]:
     from fleetserve.engine.config import EngineConfig
 
     engine = build(EngineConfig(model=cfg.model, precision=cfg.precision, backend=cfg.backend,  # type: ignore[arg-type]
-                                max_batch=cfg.max_batch, max_seq=cfg.max_seq, device=cfg.device), quiet=True).load()
+                                max_batch=cfg.max_batch, max_seq=cfg.max_seq, seq_buckets=cfg.seq_buckets,
+                                device=cfg.device), quiet=True).load()
     ids = token_ids(random.Random(0), cfg.tokens, cfg.max_batch)
     limit = next((s.value_limit for s in engine.inputs if s.name == "input_ids"), None)
     if limit is not None:  # a small vocabulary (the tiny model of --cpu-smoke)
@@ -483,6 +489,7 @@ def parse_args(argv: list[str] | None = None) -> tuple[RunConfig, argparse.Names
     p.add_argument("--max-batch", type=int)
     p.add_argument("--workload", choices=WORKLOADS)
     p.add_argument("--candidates", type=int)
+    p.add_argument("--seq-buckets", type=lambda s: tuple(int(x) for x in s.split(",") if x))
     p.add_argument("--phases", type=lambda s: tuple(x for x in s.split(",") if x))
     p.add_argument("--fleet-instances", type=int)
     p.add_argument("--serve-args", type=shlex.split, help="more `fleetserve serve` flags for every replica")
@@ -503,8 +510,8 @@ def parse_args(argv: list[str] | None = None) -> tuple[RunConfig, argparse.Names
                       rows=8, tokens=32, instances=(1, 2), concurrency=(2, 8), replicas=(1, 2), fleet_concurrency=(8,),
                       duration_s=1.5, warmup_s=0.5, raw_s=0.5, budget_s=150.0)
     overrides = {"model": args.model, "precision": args.precision, "max_batch": args.max_batch,
-                 "workload": args.workload, "candidates": args.candidates, "phases": args.phases,
-                 "fleet_instances": args.fleet_instances,
+                 "workload": args.workload, "candidates": args.candidates, "seq_buckets": args.seq_buckets,
+                 "phases": args.phases, "fleet_instances": args.fleet_instances,
                  "serve_args": None if args.serve_args is None else tuple(args.serve_args),
                  "gateway_workers": args.gateway_workers, "bench_processes": args.bench_processes,
                  "instances": args.instances, "concurrency": args.concurrency,

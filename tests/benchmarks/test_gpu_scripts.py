@@ -41,6 +41,9 @@ def test_gpu_server_raw_phase_replays_the_bucket_the_engine_uses_and_reuses_the_
     cfg, _ = gs.parse_args(["--home", str(tmp_path), "--out", str(tmp_path)])
     assert gs.graph_seq(cfg) == 128
     assert gs.graph_seq(gs.parse_args(["--cpu-smoke"])[0]) == 32
+    buckets, _ = gs.parse_args(["--seq-buckets", "32,96"])
+    assert gs.graph_seq(gs.replace(buckets, tokens=40)) == 96 and gs.graph_seq(buckets) == 128
+    assert buckets.engine_args()[-2:] == ["--seq-buckets", "32,96"]
     child = gs.raw_argv(cfg, ["--model", "minilm"])
     assert child[child.index("--home") + 1] == str(tmp_path) and "--raw" in child and "minilm" in child
     texts, _ = gs.parse_args(["--workload", "texts", "--phases", "fleet", "--gateway-workers", "6",
