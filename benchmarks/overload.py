@@ -54,11 +54,23 @@ SETTINGS = {"off": ("--no-adaptive-concurrency",), "on": ("--adaptive-concurrenc
 
 
 def gateway_flags(setting: str) -> tuple[str, ...]:
-    """``off``, ``on``, or ``on:FLAG=VALUE:...`` (the limiter with other settings, e.g. a larger RTT buffer)."""
-    name, *extra = setting.split(":")
+    """``off``, ``on``, or ``on:FLAG=VALUE:...`` (the limiter with other settings, e.g. a larger RTT buffer),
+    each optionally followed by ``@DIR``: run that setting's gateway from the source tree DIR (another commit,
+    e.g. ``git archive OLD | tar -x -C DIR``), to compare code side by side in one run."""
+    name, *extra = setting.split("@")[0].split(":")
     if name not in SETTINGS or (extra and name != "on"):
-        raise SystemExit(f"unknown setting {setting!r}: off, on or on:--flag=value[:...]")
+        raise SystemExit(f"unknown setting {setting!r}: off, on or on:--flag=value[:...], then @DIR optionally")
     return (*SETTINGS[name], *extra)
+
+
+def source_tree(setting: str) -> str | None:
+    """The DIR of ``SETTING@DIR``, or None: the gateway runs from this checkout."""
+    _, _, tree = setting.partition("@")
+    if tree and not Path(tree, "fleetserve", "cli.py").is_file():
+        raise SystemExit(f"setting {setting!r}: {tree} holds no fleetserve/cli.py")
+    return tree or None
+
+
 TIMEOUT_S = 30.0
 
 
@@ -71,9 +83,10 @@ def free_port() -> int:
         return int(s.getsockname()[1])
 
 
-def spawn(*args: str) -> subprocess.Popen[bytes]:
+def spawn(*args: str, tree: str | None = None) -> subprocess.Popen[bytes]:
+    env = None if tree is None else {**os.environ, "PYTHONPATH": tree}
     return subprocess.Popen([sys.executable, "-m", "fleetserve.cli", *args], stdout=subprocess.DEVNULL,
-                            stderr=subprocess.DEVNULL)
+                            stderr=subprocess.DEVNULL, cwd=tree, env=env)
 
 
 def wait_ok(url: str, proc: subprocess.Popen[bytes], timeout_s: float = 120) -> None:
@@ -112,6 +125,12 @@ def gauge(port: int, name: str) -> float:
     return float("nan")
 
 
+def cpu_s(pid: int) -> float:
+    """User + system CPU seconds the process has used (/proc/PID/stat)."""
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
 def rss_mib(pid: int) -> float:
     for line in Path(f"/proc/{pid}/status").read_text().splitlines():
         if line.startswith("VmRSS:"):
@@ -123,6 +142,7 @@ def rss_mib(pid: int) -> float:
 @dataclass
 class Outcome:
     scheduled: float  # seconds from the schedule's start
+    sent: float = 0.0  # when the request was written (after a connection was found or opened)
     done: float = 0.0
     status: int = 0  # 0: no HTTP answer (see error)
     error: str = ""
@@ -131,6 +151,11 @@ class Outcome:
     @property
     def latency(self) -> float:
         return self.done - self.scheduled
+
+    @property
+    def on_the_wire(self) -> float:
+        """From the write to the answer: without this client's own scheduling lag and connection set-up."""
+        return self.done - self.sent
 
 
 class _Conn(asyncio.Protocol):
@@ -217,6 +242,7 @@ class Driver:
                     outcome.error = f"connect: {exc.strerror}"
                     return
             try:
+                outcome.sent = time.monotonic() - t0
                 async with asyncio.timeout(TIMEOUT_S):
                     outcome.status, outcome.retry_after = await conn.request(raw)
             except TimeoutError:
@@ -263,11 +289,12 @@ def schedule(phases: list[Phase], capacity: float, rng: random.Random) -> Iterat
 
 
 async def drive(port: int, phases: list[Phase], capacity: float, gateway_pid: int,
-                max_connections: int) -> tuple[list[tuple[str, Outcome]], list[tuple[float, float, float]], float]:
+                max_connections: int) -> tuple[list[tuple[str, Outcome]], list[tuple[float, float, float, float]],
+                                               float]:
     driver = Driver("127.0.0.1", port, max_connections)
     raws = requests("", f"127.0.0.1:{port}", 256)
     outcomes: list[tuple[str, Outcome]] = []
-    rss: list[tuple[float, float, float]] = []  # (time, gateway RSS MiB, concurrency limit or nan)
+    rss: list[tuple[float, float, float, float]] = []  # (time, gateway RSS MiB, limit or nan, gateway CPU s)
     tasks: set[asyncio.Task[None]] = set()
     lag_max = 0.0
     t0 = time.monotonic()
@@ -276,7 +303,7 @@ async def drive(port: int, phases: list[Phase], capacity: float, gateway_pid: in
         while True:
             now = time.monotonic() - t0
             limit = await asyncio.to_thread(gauge, port, "fleetserve_gateway_concurrency_limit")
-            rss.append((now, rss_mib(gateway_pid), limit))
+            rss.append((now, rss_mib(gateway_pid), limit, cpu_s(gateway_pid)))
             await asyncio.sleep(0.25)
 
     sampler = asyncio.create_task(sample_rss())
@@ -314,7 +341,7 @@ class Result:
 
 
 def analyse(setting: str, capacity: float, phases: list[Phase], outcomes: list[tuple[str, Outcome]],
-            rss: list[tuple[float, float, float]], lag_max: float) -> Result:
+            rss: list[tuple[float, float, float, float]], lag_max: float) -> Result:
     by: dict[str, list[Outcome]] = {p.name: [o for name, o in outcomes if name == p.name] for p in phases}
     ok = {name: [o.latency for o in got if o.status == 200] for name, got in by.items()}
     burst = by["burst"]
@@ -340,25 +367,37 @@ def analyse(setting: str, capacity: float, phases: list[Phase], outcomes: list[t
         "burst_503_share": len(refused) / max(1, len(burst)),
         "burst_503_p50_ms": pct([o.latency for o in refused], 50) * 1e3,
         "burst_503_p99_ms": pct([o.latency for o in refused], 99) * 1e3,
+        "burst_503_wire_p50_ms": pct([o.on_the_wire for o in refused], 50) * 1e3,
+        "burst_503_wire_p99_ms": pct([o.on_the_wire for o in refused], 99) * 1e3,
+        "burst_send_lag_p99_ms": pct([o.sent - o.scheduled for o in burst if o.sent], 99) * 1e3,
         "burst_503_without_retry_after": float(sum(1 for o in refused if not o.retry_after)),
         "burst_other_failures": float(len(other)),
         "goodput_rps": good / phases[2].seconds,
         "goodput_share": good / phases[2].seconds / capacity,
         "recovery_s": recovery(by["after"], burst_end, phases[3].seconds, p60_p99),
         "after_failed": float(sum(1 for o in by["after"] if o.status != 200)),
-        "rss_before_mib": max((m for t, m, _ in rss if t < burst_start), default=float("nan")),
-        "rss_peak_mib": max((m for _, m, _ in rss), default=float("nan")),
+        "burst_gateway_cpu_cores": burst_cpu(rss, burst_start, burst_end),
+        "rss_before_mib": max((m for t, m, _, _ in rss if t < burst_start), default=float("nan")),
+        "rss_peak_mib": max((m for _, m, _, _ in rss), default=float("nan")),
         "rss_end_mib": rss[-1][1] if rss else float("nan"),
         "client_lag_max_ms": lag_max * 1e3,
     }
     limits: dict[str, tuple[int, int, int]] = {}
     start = 0.0
     for phase in phases:
-        seen = [lim for t, _, lim in rss if start <= t < start + phase.seconds and not np.isnan(lim)]
+        seen = [lim for t, _, lim, _ in rss if start <= t < start + phase.seconds and not np.isnan(lim)]
         if seen:
             limits[phase.name] = (int(min(seen)), int(np.median(seen)), int(max(seen)))
         start += phase.seconds
     return Result(setting, capacity, rows, failures, limits)
+
+
+def burst_cpu(samples: list[tuple[float, float, float, float]], start: float, end: float) -> float:
+    """The gateway's CPU use (cores) between the samples nearest the burst's start and end."""
+    inside = [(t, cpu) for t, _, _, cpu in samples if start <= t <= end]
+    if len(inside) < 2 or inside[-1][0] <= inside[0][0]:
+        return float("nan")
+    return (inside[-1][1] - inside[0][1]) / (inside[-1][0] - inside[0][0])
 
 
 def recovery(after: list[Outcome], start: float, seconds: float, p60_p99: float, bin_s: float = 0.5) -> float:
@@ -398,7 +437,7 @@ def fleet(args: argparse.Namespace, setting: str) -> Iterator[tuple[str, int, in
     replica, replica_url = start_replica(args)
     port = free_port()
     gateway = spawn("gateway", "--host", "127.0.0.1", "--port", str(port), "--backend", replica_url,
-                    *gateway_flags(setting))
+                    *gateway_flags(setting), tree=source_tree(setting))
     try:
         wait_ok(f"http://127.0.0.1:{port}/readyz", gateway)
         yield replica_url, port, gateway.pid
@@ -464,6 +503,7 @@ def main() -> None:
     results = []
     for setting in args.settings.split(","):
         gateway_flags(setting)
+        source_tree(setting)
     for setting in args.settings.split(","):
         print(f"-- limiter {setting}", flush=True)
         results.append(run_setting(setting, args, phases, capacity))

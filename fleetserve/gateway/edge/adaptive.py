@@ -7,21 +7,23 @@ clock and a seeded RNG.
 
 The algorithm is Envoy's ``adaptive_concurrency`` gradient controller (envoyproxy/envoy,
 ``source/extensions/filters/http/adaptive_concurrency/controller/gradient_controller.cc``; the filter's
-architecture docs), with two changes taken from Netflix's concurrency-limits (Netflix/concurrency-limits,
-``limit/GradientLimit.java``, ``limit/Gradient2Limit.java``):
+architecture docs), with changes taken from Netflix's concurrency-limits (Netflix/concurrency-limits,
+``limit/GradientLimit.java``, ``limit/Gradient2Limit.java``) and TCP's congestion window validation (RFC 7661):
 
-- **minRTT** is the latency without queueing. As in Envoy it is first measured in a *window* during which
-  the limit is ``min_concurrency``; the window ends once ``min_rtt_samples`` requests that started inside it
-  have finished, and minRTT is their ``sample_percentile``. Envoy then forces such a window again every
-  interval, which refuses every request beyond ``min_concurrency`` while it lasts, also at moderate load.
-  Here minRTT keeps following the latest ``min_rtt_samples`` requests that were admitted with fewer than
-  ``min_concurrency`` others in flight — the condition Envoy's window creates, taken whenever it happens by
-  itself (GradientLimit, likewise, keeps tracking the RTT it sees at no load): downwards at once, upwards
-  only once the limit has sat within twice its floor for ``LOW_LIMIT_UPDATES`` updates (Envoy re-measures
-  after 5 updates at the floor), because under overload such requests arrive right behind a batch the
-  replicas just started. A fleet that got slower pushes the limit down to there, and its new minRTT is taken.
-  Envoy's forced windows, with up to ``jitter_percent`` random delay so that gateways do not measure in
-  lockstep, are kept as an option (``min_rtt_interval_s`` > 0).
+- **Start.** Envoy starts at ``min_concurrency`` and refuses everything beyond it until ``min_rtt_samples``
+  requests have measured minRTT, so a cold gateway refuses most of a normal load. Here the limit starts at
+  ``initial_concurrency``, as Gradient2Limit starts at its ``initialLimit`` and measures as it goes.
+- **minRTT** is the latency without queueing. It follows the latest ``min_rtt_samples`` requests that were
+  admitted with fewer than ``min_concurrency`` others in flight — the condition Envoy's measuring window
+  creates by refusing, taken whenever it happens by itself (GradientLimit, likewise, keeps tracking the RTT it
+  sees at no load): downwards at once, upwards only once the limit has sat within twice its floor for
+  ``LOW_LIMIT_UPDATES`` updates (Envoy re-measures after 5 updates at the floor), because under overload such
+  requests arrive right behind a batch the replicas just started. A fleet that got slower pushes the limit
+  down to there, and its new minRTT is taken. Until that many low-load requests have finished (a gateway
+  that starts busy), the lowest latency seen so far, of the few low-load requests or of an update, stands
+  in. Envoy's forced windows, which refuse beyond ``min_concurrency`` while they last, with up to
+  ``jitter_percent`` random delay so that gateways do not measure in lockstep, are kept as an option
+  (``min_rtt_interval_s`` > 0; the first window then opens at start, as in Envoy).
 - Every ``update_interval_s`` outside a window, once at least ``min_update_samples`` requests finished since
   the last update (Netflix's ``WindowedLimit`` waits for enough samples likewise: a percentile of a handful of
   latencies is noise, and noise alone would walk the limit down at low rates), their latencies give
@@ -30,15 +32,21 @@ architecture docs), with two changes taken from Netflix's concurrency-limits (Ne
   ``gradient = clamp(minRTT * (1 + rtt_buffer_percent / 100) / sampleRTT, 0.5, 2)``, kept within
   ``[min_concurrency, max_concurrency]``: it halves at most per update while latency rises, grows by a
   quarter plus the square-root headroom while latency stays at minRTT, and settles where the headroom
-  balances the gradient, a limit of ``g / (1 - g)^2`` for a steady gradient ``g`` below 1.
-- The limit does not grow while demand, not the fleet, keeps in-flight low: when the highest in-flight count
-  of the last ``APP_LIMITED_UPDATES`` updates stayed below half the limit (Gradient2Limit's "app-limited"
-  rule, over a window so a quiet second between two bursts does not count as no demand). Otherwise a calm
-  hour lifts the limit to ``max_concurrency`` and the next burst queues at the replicas for the several
-  updates the limit needs to halve its way down.
+  balances the gradient, a limit of ``g / (1 - g)^2`` for a steady gradient ``g`` below 1. The default
+  buffer, 100%, is what a batching replica needs: a request that arrives while a batch runs waits for it and
+  then for its own, up to twice the no-load latency, without any queue beyond the next batch (Envoy's 25%
+  settles at about half the in-flight count that keeps such a replica's batches full).
+- **Demand, not the fleet, keeps in-flight low** when the highest in-flight count of the last
+  ``APP_LIMITED_UPDATES`` updates stayed below half the limit (Gradient2Limit's "app-limited" rule, over a
+  window so a quiet second between two bursts does not count as no demand). The limit then does not grow
+  past what was used; if latency is within the buffer it moves to just over twice that peak, but not below
+  ``initial_concurrency`` (RFC 7661 likewise brings an unused congestion window down toward what was used).
+  Otherwise a calm hour leaves the limit wherever the last peak lifted it and the next burst queues at the
+  replicas for the several updates the limit needs to halve its way down; and after an overload the limit
+  comes back up to its initial value at once instead of by a quarter per update.
 
-Requests that fail (``ok=False``: 5xx, disconnects) return their slot without a latency sample, and samples
-of requests started before the current window are discarded, as in Envoy.
+Requests that fail (``ok=False``: errors, refusals by inner guards, disconnects) return their slot without a
+latency sample, and samples of requests started before the current window are discarded, as in Envoy.
 """
 
 from __future__ import annotations
@@ -85,20 +93,22 @@ class GradientController:
         self._config = config
         self._clock = clock
         self._rng = rng or random.Random()
-        self._limit = config.min_concurrency
+        self._initial = min(config.max_concurrency, max(config.min_concurrency, config.initial_concurrency))
+        self._limit = self._initial
         self._inflight = 0
         self._samples: list[float] = []
         self._low_load: deque[float] = deque(maxlen=config.min_rtt_samples)
         self._peaks: deque[int] = deque([0], maxlen=APP_LIMITED_UPDATES)
         self._epoch = 0
         self._measuring = False
-        self._deferred_limit = config.min_concurrency
+        self._deferred_limit = self._initial
         self._min_rtt: float | None = None
         self._low_limit_updates = 0
         self._sample_rtt: float | None = None
         self._next_update = clock() + config.update_interval_s
         self._next_window = math.inf
-        self._enter_window()
+        if config.min_rtt_interval_s > 0:
+            self._enter_window()
 
     def now(self) -> float:
         """The controller's clock, for measuring a request's latency from ``Token.started_at``."""
@@ -114,7 +124,7 @@ class GradientController:
 
     @property
     def min_rtt(self) -> float | None:
-        """The latency without queueing (seconds); None until the first window completes."""
+        """The latency without queueing (seconds); None until the first update or window completes."""
         return self._min_rtt
 
     @property
@@ -187,25 +197,34 @@ class GradientController:
         sample = percentile(self._samples, self._config.sample_percentile)
         self._samples.clear()
         self._sample_rtt = sample
-        buffered = self._follow_min_rtt() * (1 + self._config.rtt_buffer_percent / 100)
+        buffered = self._follow_min_rtt(sample) * (1 + self._config.rtt_buffer_percent / 100)
         gradient = min(2.0, max(0.5, buffered / sample)) if sample > 0 else 2.0
         limit = self._limit * gradient
         new = min(self._config.max_concurrency, max(self._config.min_concurrency, int(limit + math.sqrt(limit))))
-        if new > self._limit and 2 * max(self._peaks) < self._limit:
-            return  # app-limited: demand, not the fleet, kept in-flight low
+        peak = max(self._peaks)
+        if 2 * peak < self._limit:  # app-limited: demand, not the fleet, kept in-flight low
+            # Latency within the buffer: just over twice the peak, so the peak stays below half and this holds.
+            new = min(new, self._limit) if gradient < 1 else max(self._initial, 2 * peak + 1)
         self._limit = new
 
-    def _follow_min_rtt(self) -> float:
+    def _follow_min_rtt(self, sample: float) -> float:
         """The minRTT for this update. It falls to the low-load requests' latency at once; it rises to it only
         after the limit sat near its floor for ``LOW_LIMIT_UPDATES`` updates, when so few requests in flight
         cannot explain the latency by queueing. (Under overload, low-load moments come right after a batch of
-        answers, behind the replicas' next batch: their latency drifts up without the fleet getting slower.)"""
-        assert self._min_rtt is not None
-        low_load = percentile(self._low_load, self._config.sample_percentile)
+        answers, behind the replicas' next batch: their latency drifts up without the fleet getting slower.)
+        Until ``min_rtt_samples`` low-load requests have finished, it is the lowest of the updates' ``sample``
+        and the low-load requests' latency so far."""
         if self._limit <= 2 * self._config.min_concurrency:
             self._low_limit_updates += 1
         else:
             self._low_limit_updates = 0
-        if low_load < self._min_rtt or self._low_limit_updates >= LOW_LIMIT_UPDATES:
+        if len(self._low_load) < self._config.min_rtt_samples:
+            if self._low_load:
+                sample = min(sample, percentile(self._low_load, self._config.sample_percentile))
+            if self._min_rtt is None or sample < self._min_rtt:
+                self._min_rtt = sample
+            return self._min_rtt
+        low_load = percentile(self._low_load, self._config.sample_percentile)
+        if self._min_rtt is None or low_load < self._min_rtt or self._low_limit_updates >= LOW_LIMIT_UPDATES:
             self._min_rtt = low_load
         return self._min_rtt

@@ -1,8 +1,9 @@
 """The adaptive concurrency guard: admits requests while the :class:`GradientController` has a slot, answers
 the rest 503 + ``Retry-After`` at once, and feeds each admitted request's latency back to the controller.
 
-A request counts as a latency sample when it is answered below 500; a 5xx or a client that went away returns
-its slot without one (their latency says nothing about queueing). The controller's state is exported at scrape
+A request counts as a latency sample when it is answered below 400; a 4xx (a bad request, or one an inner
+guard refused, answered without reaching a replica's queue), a 5xx or a client that went away returns its
+slot without one (their latency says nothing about queueing). The controller's state is exported at scrape
 time: ``fleetserve_gateway_concurrency_limit``, ``fleetserve_gateway_concurrency_inflight`` and
 ``fleetserve_gateway_min_rtt_seconds``; refusals count in ``fleetserve_gateway_rejected_total`` with reason
 ``concurrency_limited``. It guards the HTTP listener; the gRPC listener's guards (:mod:`.grpc`) do not
@@ -48,7 +49,7 @@ class AdaptiveConcurrencyMiddleware:
         ok = False
         try:
             response = await handler(request)
-            ok = response.status < 500
+            ok = response.status < 400
             return response
         finally:
             controller.release(token, controller.now() - token.started_at, ok)

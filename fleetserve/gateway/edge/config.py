@@ -133,21 +133,26 @@ class AdaptiveConcurrencyConfig:
     """The adaptive concurrency limit (:mod:`.adaptive`): requests in flight at most, following latency.
 
     Beyond the limit a request is answered 503 + ``Retry-After`` at once. Defaults are Envoy's
-    ``adaptive_concurrency`` defaults, except the update interval (Envoy requires one) and ``min_rtt_interval_s``
-    (Envoy requires one; here forced windows are off by default, see :mod:`.adaptive`).
+    ``adaptive_concurrency`` defaults, except the start (Envoy starts at ``min_concurrency``; here at
+    ``initial_concurrency``, as Netflix's Gradient2Limit), the RTT buffer (100%, for batching replicas), the
+    update interval (Envoy requires one) and ``min_rtt_interval_s`` (Envoy requires one; here forced windows are
+    off by default, see :mod:`.adaptive`). ``initial_concurrency`` is used within ``[min, max]_concurrency``.
     """
 
-    enabled: bool = option(False, "limit requests in flight to what the replicas answer without queueing, "
+    enabled: bool = option(True, "limit requests in flight to what the replicas answer without queueing, "
                            "measured from latency; 503 + Retry-After beyond", flag="--adaptive-concurrency")
-    min_concurrency: int = option(3, "the limit's floor and its value while the no-load latency is first measured",
-                                  flag="--adaptive-min-concurrency")
+    min_concurrency: int = option(3, "the limit's floor; requests admitted with fewer in flight measure the "
+                                  "no-load latency", flag="--adaptive-min-concurrency")
+    initial_concurrency: int = option(32, "the limit at start and while demand stays below half of it",
+                                      flag="--adaptive-initial-concurrency")
     max_concurrency: int = option(1000, "the limit's ceiling", flag="--adaptive-max-concurrency")
     update_interval_ms: float = option(100.0, "recompute the limit this often", flag="--adaptive-update-interval-ms")
     min_rtt_interval_s: float = option(0.0, "also re-measure the no-load latency this often, plus up to 15 percent "
                                        "jitter, refusing beyond the floor meanwhile, as Envoy does (0: it follows "
                                        "requests admitted at low load instead)", flag="--adaptive-min-rtt-interval-s")
-    rtt_buffer_percent: float = option(25.0, "latency above the no-load latency tolerated before the limit "
-                                       "shrinks", flag="--adaptive-rtt-buffer-percent")
+    rtt_buffer_percent: float = option(100.0, "latency above the no-load latency tolerated before the limit "
+                                       "shrinks (a request behind a running batch waits up to twice it)",
+                                       flag="--adaptive-rtt-buffer-percent")
     min_rtt_samples: int = 50
     min_update_samples: int = 20
     sample_percentile: float = 50.0
@@ -156,6 +161,7 @@ class AdaptiveConcurrencyConfig:
 
     def __post_init__(self) -> None:
         _positive_int("adaptive min_concurrency", self.min_concurrency)
+        _positive_int("adaptive initial_concurrency", self.initial_concurrency)
         _positive_int("adaptive max_concurrency", self.max_concurrency)
         if self.max_concurrency < self.min_concurrency:
             raise ValueError(f"adaptive max_concurrency ({self.max_concurrency}) must be >= min_concurrency "

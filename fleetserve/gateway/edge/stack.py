@@ -9,10 +9,12 @@ through, so cheap refusals come first and the expensive body read last):
 3. ``shedding`` — refuse beyond the in-flight cap before spending work on auth;
 4. ``auth`` — verify the bearer token, check route scopes, record the identity;
 5. ``rate_limit`` — per client (IP, or the identity auth just recorded);
-6. ``body_limits`` — read and bound the body, only for requests everyone else admitted;
-7. ``adaptive_concurrency`` — the latency-driven in-flight limit, innermost so that the latency it learns
-   from is the fleet's, not a client's upload or a guard's work (an excess request is still refused before
-   it reaches the proxy).
+6. ``adaptive_concurrency`` — the latency-driven in-flight limit: the excess of an overload is refused
+   before its body is read and scanned, the work of every request that reaches this point, so a refusal
+   costs the gateway as little as the guards above (the latency it learns from then includes the body's
+   arrival, which for the small bodies that came with their head is nothing, and which its median
+   ignores for a minority of slow senders);
+7. ``body_limits`` — read and bound the body, only for requests everyone else admitted.
 
 A layer's builder returns ``None`` when its section is absent or off (``head_limits`` and ``body_limits``
 never do). The auth layer imports PyJWT and cryptography only when configured.
@@ -105,8 +107,8 @@ LAYERS: tuple[tuple[str, Callable[[BuildContext], Middleware | None]], ...] = (
     ("shedding", _shedding),
     ("auth", _auth),
     ("rate_limit", _rate_limit),
-    ("body_limits", _body_limits),
     ("adaptive_concurrency", _adaptive_concurrency),
+    ("body_limits", _body_limits),
 )
 
 

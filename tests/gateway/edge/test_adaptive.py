@@ -24,8 +24,10 @@ class FakeClock:
 
 
 def controller(clock: FakeClock, seed: int = 1, **overrides: object) -> GradientController:
-    """Step-by-step tests update on a single sample; the fleet simulations below use the defaults."""
-    settings: dict[str, object] = {"enabled": True, "min_rtt_interval_s": 60.0, "min_update_samples": 1, **overrides}
+    """Step-by-step tests update on a single sample, start with Envoy's minRTT window (forced windows on) and
+    keep Envoy's 25% RTT buffer; the fleet simulations below use the defaults."""
+    settings: dict[str, object] = {"enabled": True, "min_rtt_interval_s": 60.0, "min_update_samples": 1,
+                                   "rtt_buffer_percent": 25.0, **overrides}
     return GradientController(AdaptiveConcurrencyConfig(**settings), clock, random.Random(seed))  # type: ignore[arg-type]
 
 
@@ -77,9 +79,29 @@ def run_interval(c: GradientController, clock: FakeClock, latency: float, busy: 
     c._inflight -= 1  # that probe request is not part of the workload
 
 
+def test_starts_at_the_initial_limit_and_takes_min_rtt_from_the_first_update() -> None:
+    clock = FakeClock()
+    c = GradientController(AdaptiveConcurrencyConfig(min_update_samples=1), clock, random.Random(1))
+    assert not c.measuring_min_rtt and c.limit == 32 and c.min_rtt is None
+    tokens = [c.try_acquire() for _ in range(33)]
+    assert tokens[32] is None and all(t is not None for t in tokens[:32])  # no start-up window at the floor
+    for token in tokens[:32]:
+        assert token is not None
+        c.release(token, 0.030, ok=True)
+    clock.now += 0.1
+    c.try_acquire()
+    # Fewer than 50 low-load requests so far: the lowest latency seen, theirs (3 of them) or the update's.
+    assert c.min_rtt == pytest.approx(0.030) and c.limit > 32
+
+
+def test_initial_limit_is_kept_within_the_floor_and_ceiling() -> None:
+    assert GradientController(AdaptiveConcurrencyConfig(max_concurrency=10)).limit == 10
+    assert GradientController(AdaptiveConcurrencyConfig(min_concurrency=50)).limit == 50
+
+
 def test_limit_grows_by_a_quarter_plus_headroom_while_latency_stays_at_min_rtt() -> None:
     clock = FakeClock()
-    c = controller(clock)
+    c = controller(clock, initial_concurrency=3)
     finish_min_rtt_window(c, clock, 0.010)
     limits = [c.limit]
     for _ in range(4):
@@ -91,13 +113,29 @@ def test_limit_grows_by_a_quarter_plus_headroom_while_latency_stays_at_min_rtt()
 
 def test_an_app_limited_limit_does_not_grow() -> None:
     clock = FakeClock()
-    c = controller(clock, min_concurrency=4)
+    c = controller(clock, min_concurrency=4, initial_concurrency=4)
     finish_min_rtt_window(c, clock, 0.010)
     for _ in range(10):
         run_interval(c, clock, 0.010, busy=1)  # demand keeps in-flight at 1, below half of the limit
     assert c.limit == 4
     run_interval(c, clock, 0.010, busy=2)
     assert c.limit > 4
+
+
+def test_an_app_limited_limit_moves_to_twice_the_peak_but_not_below_the_initial_limit() -> None:
+    clock = FakeClock()
+    c = controller(clock, initial_concurrency=16)
+    finish_min_rtt_window(c, clock, 0.010)
+    c._limit = 400  # lifted by a past peak
+    for _ in range(10):
+        run_interval(c, clock, 0.010, busy=30)  # demand now peaks at 30, latency at minRTT
+    assert c.limit == 61  # just over twice the peak: the peak stays below half, and the limit stays put
+    run_interval(c, clock, 0.020, busy=5)  # twice minRTT, beyond the 25% buffer: it shrinks as usual
+    assert c.limit < 61
+    c._limit = 4  # as after an overload
+    for _ in range(10):
+        run_interval(c, clock, 0.010, busy=1)
+    assert c.limit == 16  # back to the initial limit at once, not by a quarter per update
 
 
 def test_limit_halves_at_most_when_latency_rises() -> None:
@@ -185,7 +223,6 @@ def test_min_rtt_follows_requests_admitted_at_low_load_only() -> None:
 def test_no_forced_window_by_default() -> None:
     clock = FakeClock()
     c = GradientController(AdaptiveConcurrencyConfig(enabled=True), clock, random.Random(1))
-    finish_min_rtt_window(c, clock, 0.010)
     for _ in range(2000):  # 200 s of steady traffic
         run_interval(c, clock, 0.010, busy=c.limit)
         assert not c.measuring_min_rtt

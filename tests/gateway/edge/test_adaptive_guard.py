@@ -26,8 +26,9 @@ class FakeClock:
 
 async def test_requests_beyond_the_limit_get_a_fast_503_and_slots_come_back(serve: ServeFn) -> None:
     clock = FakeClock()
-    controller = GradientController(AdaptiveConcurrencyConfig(enabled=True, min_concurrency=2, min_rtt_samples=3),
-                                    clock)
+    # Envoy's start (forced windows on): the limit sits at its floor of 2 until 3 requests measured minRTT.
+    controller = GradientController(AdaptiveConcurrencyConfig(enabled=True, min_concurrency=2, initial_concurrency=2,
+                                                              min_rtt_samples=3, min_rtt_interval_s=60.0), clock)
     registry = CollectorRegistry()
     guard = AdaptiveConcurrencyMiddleware(controller, 1.5, ("/healthz",), PrometheusRejections.create(registry))
     registry.register(AdaptiveConcurrencyGauges(controller))
@@ -42,6 +43,8 @@ async def test_requests_beyond_the_limit_get_a_fast_503_and_slots_come_back(serv
             clock.now += 0.040
         if request.path == "/broken":
             return web.Response(status=502)
+        if request.path == "/refused":
+            return web.Response(status=400)
         return await handler(request)
 
     client = await serve([guard, replica])
@@ -60,7 +63,8 @@ async def test_requests_beyond_the_limit_get_a_fast_503_and_slots_come_back(serv
     assert [r.status for r in await asyncio.gather(*slow)] == [200, 200]
     assert controller.inflight == 0
     assert (await client.get("/broken")).status == 502  # a failure: slot back, no latency sample
-    assert controller.measuring_min_rtt
+    assert (await client.get("/refused")).status == 400  # refused by an inner guard: no latency sample either
+    assert controller.inflight == 0 and controller.measuring_min_rtt
     assert (await client.get("/fast")).status == 200  # the third sample closes the minRTT window
     assert not controller.measuring_min_rtt
     assert registry.get_sample_value("fleetserve_gateway_min_rtt_seconds") == 0.040

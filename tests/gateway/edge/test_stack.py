@@ -39,11 +39,13 @@ def _full(tmp_path: Path, keys: dict[str, SigningKey]) -> EdgeConfig:
     )
 
 
-def test_only_input_limits_are_on_by_default() -> None:
+def test_input_limits_and_the_adaptive_concurrency_limit_are_on_by_default() -> None:
     middlewares = build_middlewares(EdgeConfig())
-    assert [type(m) for m in middlewares] == [HeadLimits, BodyLimits]
+    assert [type(m) for m in middlewares] == [HeadLimits, AdaptiveConcurrencyMiddleware, BodyLimits]
+    without = build_middlewares(EdgeConfig(adaptive=AdaptiveConcurrencyConfig(enabled=False)))
+    assert [type(m) for m in without] == [HeadLimits, BodyLimits]
     assert [name for name, _ in LAYERS] == [
-        "head_limits", "identity", "shedding", "auth", "rate_limit", "body_limits", "adaptive_concurrency",
+        "head_limits", "identity", "shedding", "auth", "rate_limit", "adaptive_concurrency", "body_limits",
     ]  # fmt: skip
 
 
@@ -51,8 +53,8 @@ def test_full_config_builds_every_guard_in_order(tmp_path: Path, signing_keys: d
     config = replace(_full(tmp_path, signing_keys), adaptive=AdaptiveConcurrencyConfig(enabled=True))
     middlewares = build_middlewares(config)
     assert [type(m) for m in middlewares] == [
-        HeadLimits, StripIdentityHeaders, LoadShedMiddleware, JwtAuthMiddleware, RateLimitMiddleware, BodyLimits,
-        AdaptiveConcurrencyMiddleware,
+        HeadLimits, StripIdentityHeaders, LoadShedMiddleware, JwtAuthMiddleware, RateLimitMiddleware,
+        AdaptiveConcurrencyMiddleware, BodyLimits,
     ]  # fmt: skip
 
 
