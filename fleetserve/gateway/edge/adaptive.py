@@ -39,11 +39,15 @@ architecture docs), with changes taken from Netflix's concurrency-limits (Netfli
 - **Demand, not the fleet, keeps in-flight low** when the highest in-flight count of the last
   ``APP_LIMITED_UPDATES`` updates stayed below half the limit (Gradient2Limit's "app-limited" rule, over a
   window so a quiet second between two bursts does not count as no demand). The limit then does not grow
-  past what was used; if latency is within the buffer it moves to just over twice that peak, but not below
-  ``initial_concurrency`` (RFC 7661 likewise brings an unused congestion window down toward what was used).
+  past what was used (Gradient2Limit); if latency is within the buffer it moves to just over twice that
+  peak, but not below ``initial_concurrency`` (RFC 7661 likewise brings an unused congestion window down
+  toward what was used); if latency rose, it shrinks by the gradient but not below just over twice the peak.
   Otherwise a calm hour leaves the limit wherever the last peak lifted it and the next burst queues at the
-  replicas for the several updates the limit needs to halve its way down; and after an overload the limit
-  comes back up to its initial value at once instead of by a quarter per update.
+  replicas for the several updates the limit needs to halve its way down; after an overload the limit
+  comes back up to its initial value at once instead of by a quarter per update; and a fleet that is slower
+  but not overloaded (a stalled or draining replica, at a load the others absorb) is not refused: refusing
+  requests the limit is not even holding back cannot shorten the queue. Under a real overload the queue
+  grows in-flight (Little's law) past half the limit within the window, and the gradient applies in full.
 
 Requests that fail (``ok=False``: errors, refusals by inner guards, disconnects) return their slot without a
 latency sample, and samples of requests started before the current window are discarded, as in Envoy.
@@ -203,8 +207,10 @@ class GradientController:
         new = min(self._config.max_concurrency, max(self._config.min_concurrency, int(limit + math.sqrt(limit))))
         peak = max(self._peaks)
         if 2 * peak < self._limit:  # app-limited: demand, not the fleet, kept in-flight low
-            # Latency within the buffer: just over twice the peak, so the peak stays below half and this holds.
-            new = min(new, self._limit) if gradient < 1 else max(self._initial, 2 * peak + 1)
+            # Just over twice the peak, so the peak stays below half and this holds: the limit shrinks no
+            # further while demand stays there, and comes back to the initial limit when latency is fine.
+            floor = 2 * peak + 1
+            new = max(floor, min(new, self._limit)) if gradient < 1 else max(self._initial, floor)
         self._limit = new
 
     def _follow_min_rtt(self, sample: float) -> float:

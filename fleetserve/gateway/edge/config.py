@@ -139,7 +139,7 @@ class AdaptiveConcurrencyConfig:
     off by default, see :mod:`.adaptive`). ``initial_concurrency`` is used within ``[min, max]_concurrency``.
     """
 
-    enabled: bool = option(True, "limit requests in flight to what the replicas answer without queueing, "
+    enabled: bool = option(False, "limit requests in flight to what the replicas answer without queueing, "
                            "measured from latency; 503 + Retry-After beyond", flag="--adaptive-concurrency")
     min_concurrency: int = option(3, "the limit's floor; requests admitted with fewer in flight measure the "
                                   "no-load latency", flag="--adaptive-min-concurrency")

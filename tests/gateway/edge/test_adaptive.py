@@ -130,7 +130,10 @@ def test_an_app_limited_limit_moves_to_twice_the_peak_but_not_below_the_initial_
     for _ in range(10):
         run_interval(c, clock, 0.010, busy=30)  # demand now peaks at 30, latency at minRTT
     assert c.limit == 61  # just over twice the peak: the peak stays below half, and the limit stays put
-    run_interval(c, clock, 0.020, busy=5)  # twice minRTT, beyond the 25% buffer: it shrinks as usual
+    for _ in range(3):
+        run_interval(c, clock, 0.020, busy=30)  # twice minRTT, beyond the 25% buffer, at the same demand:
+    assert c.limit == 61  # refusing what the limit does not hold back would not shorten any queue
+    run_interval(c, clock, 0.020, busy=c.limit)  # demand at the limit: the gradient applies in full
     assert c.limit < 61
     c._limit = 4  # as after an overload
     for _ in range(10):

@@ -2,7 +2,7 @@
 (or in-process fake replicas where the test must see what a replica received).
 
 Fast: a JWT attack corpus, exempt routes, input limits, identity forwarding, route scopes, the
-header-read deadline on SO_REUSEPORT workers, and the default adaptive concurrency limit at normal load.
+header-read deadline on SO_REUSEPORT workers, and the adaptive concurrency limit at normal load.
 Slow (``-m slow``): rate-limit accuracy, slowloris, overload at 3x capacity, and a flood of 100k forwarded
 client addresses.
 """
@@ -306,13 +306,13 @@ async def test_slowloris_does_not_hurt_a_normal_client(tiny: Proc, tmp_path: Pat
     assert max(closed["closed_408"]) < timeout_s + 1.0 and min(closed["closed_408"]) > 0.8 * timeout_s
 
 
-async def test_the_default_adaptive_limit_refuses_nothing_at_normal_load(gateways: Callable[..., Proc]) -> None:
-    """Defaults (the adaptive limit on) before a batching replica (8 rows per 20 ms engine call): a cold gateway
-    given 24 requests at once, then 4 s at about a third of the replica's capacity, refuses none of them.
+async def test_the_adaptive_limit_refuses_nothing_at_normal_load(gateways: Callable[..., Proc]) -> None:
+    """The adaptive limit with its default settings before a batching replica (8 rows per 20 ms engine call): a
+    cold gateway given 24 requests at once, then 4 s at about a third of the replica's capacity, refuses none.
     (Envoy's start, which this limit had, held it at 3 until 50 requests had measured the no-load latency.)"""
     with replica("tiny", "--batch-latency-ms", "20", "--max-batch", "8", "--padding", "longest",
                  grpc=False) as batching:
-        gw = gateways("--backend", batching.url)
+        gw = gateways("--backend", batching.url, "--adaptive-concurrency")
         wait_http(f"{gw.url}/readyz", timeout=30, proc=gw)
         async with aiohttp.ClientSession() as session:
 
@@ -328,7 +328,7 @@ async def test_the_default_adaptive_limit_refuses_nothing_at_normal_load(gateway
             refused = await get_metric(session, gw.url,
                                        'fleetserve_gateway_rejected_total{reason="concurrency_limited"}')
     assert at_once == [200] * 24
-    assert limit >= 24  # on by default, and started above the burst
+    assert limit >= 24  # started above the burst
     assert steady.ok == steady.requests > 300, steady.errors_by_type
     assert refused == 0
 
