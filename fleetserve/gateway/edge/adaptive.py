@@ -35,7 +35,7 @@ architecture docs), with changes taken from Netflix's concurrency-limits (Netfli
   balances the gradient, a limit of ``g / (1 - g)^2`` for a steady gradient ``g`` below 1. The default
   buffer, 100%, is what a batching replica needs: a request that arrives while a batch runs waits for it and
   then for its own, up to twice the no-load latency, without any queue beyond the next batch (Envoy's 25%
-  settles at about half the in-flight count that keeps such a replica's batches full).
+  takes that wait for queueing and keeps fewer in flight than such a replica needs to fill its batches).
 - **Demand, not the fleet, keeps in-flight low** when the highest in-flight count of the last
   ``APP_LIMITED_UPDATES`` updates stayed below half the limit (Gradient2Limit's "app-limited" rule, over a
   window so a quiet second between two bursts does not count as no demand). The limit then does not grow
