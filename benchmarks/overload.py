@@ -24,7 +24,7 @@ HTTP/1.1 client on httptools, like ``fleetserve bench``'s, that also notes ``Ret
 its CPU time and its concurrency limit are sampled every 250 ms (/proc, /metrics).
 
     .venv/bin/python benchmarks/overload.py [--settings off,on] [--burst-s 20] [--batch-latency-ms 20]
-                                            [--max-batch 8] [--scale 1.0] [--pin]
+                                            [--max-batch 8] [--scale 1.0]
 """
 
 from __future__ import annotations
@@ -85,20 +85,10 @@ def free_port() -> int:
         return int(s.getsockname()[1])
 
 
-def spawn(*args: str, tree: str | None = None, cpus: str | None = None) -> subprocess.Popen[bytes]:
+def spawn(*args: str, tree: str | None = None) -> subprocess.Popen[bytes]:
     env = None if tree is None else {**os.environ, "PYTHONPATH": tree}
-    pin = [] if cpus is None else ["taskset", "-c", cpus]
-    return subprocess.Popen([*pin, sys.executable, "-m", "fleetserve.cli", *args], stdout=subprocess.DEVNULL,
+    return subprocess.Popen([sys.executable, "-m", "fleetserve.cli", *args], stdout=subprocess.DEVNULL,
                             stderr=subprocess.DEVNULL, cwd=tree, env=env)
-
-
-def placement(pin: bool) -> tuple[str | None, str | None]:
-    """CPUs for (the gateway, the replica and this client): with ``--pin`` and two or more CPUs, the gateway
-    gets the first to itself (processes of others on the box still share it)."""
-    count = os.cpu_count() or 1
-    if not pin or count < 2:
-        return None, None
-    return "0", f"1-{count - 1}"
 
 
 def wait_ok(url: str, proc: subprocess.Popen[bytes], timeout_s: float = 120) -> None:
@@ -431,7 +421,7 @@ def start_replica(args: argparse.Namespace) -> tuple[subprocess.Popen[bytes], st
     port = free_port()
     proc = spawn("serve", "tiny", "--host", "127.0.0.1", "--port", str(port), "--grpc-port", "0",
                  "--batch-latency-ms", str(args.batch_latency_ms), "--max-batch", str(args.max_batch),
-                 "--padding", "longest", "--instances", "1", "--drain-grace-s", "0", cpus=placement(args.pin)[1])
+                 "--padding", "longest", "--instances", "1", "--drain-grace-s", "0")
     url = f"http://127.0.0.1:{port}"
     wait_ok(f"{url}/v2/health/ready", proc)
     return proc, url
@@ -449,7 +439,7 @@ def fleet(args: argparse.Namespace, setting: str) -> Iterator[tuple[str, int, in
     replica, replica_url = start_replica(args)
     port = free_port()
     gateway = spawn("gateway", "--host", "127.0.0.1", "--port", str(port), "--backend", replica_url,
-                    *gateway_flags(setting), tree=source_tree(setting), cpus=placement(args.pin)[0])
+                    *gateway_flags(setting), tree=source_tree(setting))
     try:
         wait_ok(f"http://127.0.0.1:{port}/readyz", gateway)
         yield replica_url, port, gateway.pid
@@ -491,19 +481,16 @@ def table(results: list[Result]) -> str:
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--settings", default="off,on", help="comma list of off, on, on:--flag=value[:...]")
+    ap.add_argument("--settings", default="off,on", help="comma list of off, on, on:--flag=value[:...], each "
+                    "optionally with @DIR (that setting's gateway from the source tree DIR)")
     ap.add_argument("--batch-latency-ms", type=float, default=20.0)
     ap.add_argument("--max-batch", type=int, default=8)
     ap.add_argument("--burst-s", type=float, default=20.0)
     ap.add_argument("--scale", type=float, default=1.0, help="multiply the other phases' lengths (short dev runs)")
     ap.add_argument("--capacity", type=float, help="skip measuring it (requests/s)")
     ap.add_argument("--max-connections", type=int, default=10_000)
-    ap.add_argument("--pin", action="store_true", help="the gateway on CPU 0, the replica and this client on the "
-                    "others (with 2+ CPUs)")
     ap.add_argument("--out", type=Path, default=Path("out/overload.json"))
     args = ap.parse_args()
-    if placement(args.pin)[1] is not None:
-        os.sched_setaffinity(0, range(1, os.cpu_count() or 2))
     s = args.scale
     phases = [Phase("unloaded", 0.2, 8 * s), Phase("p60", 0.6, 20 * s), Phase("burst", 3.0, args.burst_s),
               Phase("after", 0.5, 15 * s)]
