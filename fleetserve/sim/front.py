@@ -32,9 +32,8 @@ class FrontWorker:
                  name: str = "gateway") -> None:
         self.loop = loop
         self.balancer: SimBalancer[SimReplica] = SimBalancer(config, clock=loop.clock, rng=rng)
-        self.server = Server(loop, host, name=name)
+        self.server = Server(loop, host, wait_s=wait_s, name=name)
         self._cpu_s = cpu_s
-        self._wait_s = wait_s
         self._max_retries = max_retries
         self._done = done
         self._network_s = network_s
@@ -46,13 +45,9 @@ class FrontWorker:
     def receive(self, request: Request) -> None:
         request.reply = self.answer
         if self._cpu_s:
-            self.server.submit(self._cpu_s, self._waited if self._wait_s else self._route, request)
-        else:
-            self._waited(request)
-
-    def _waited(self, request: Request) -> None:
-        if self._wait_s:
-            self.loop.after(self._wait_s, self._route, request)
+            self.server.submit(self._cpu_s, self._route, request)  # handed back after the wait
+        elif self.server.wait_s:
+            self.loop.after(self.server.wait_s, self._route, request)
         else:
             self._route(request)
 

@@ -1,15 +1,15 @@
 """A simulated replica: its event loop, the product's own batch collator, and engine instances.
 
 A request first costs the replica's event loop ``replica_cpu_s`` (HTTP, JSON, tokenizer) on a FIFO server, then
-waits ``replica_wait_s`` taking no core (the profile's wall time at low load beyond that CPU: loopback, thread
-wake-ups and hand-offs; a constant on the path, so where it sits changes no queue), then joins the real
-:class:`~fleetserve.batching.collator.Collator`, which decides exactly as in the replica process which requests
-form the next batch and when (sequence buckets, ``max_delay_s``, preferred sizes, queue bound). The collator's
-timer fires ``timer_lag_s`` late, as the event loop's does. A batch runs on a free engine instance for a service
-time drawn from the profile for its rows and padded length (the longest request, or the bucket for engines that
-run fixed shapes): the back-to-back timing when the instance goes straight from one batch to the next, the
-after-idle timing when it waited for work (any wait); scaled by a slow-GPU factor when one is injected. A full
-queue answers 503 at once, like ``Batcher.submit``.
+waits ``replica_wait_s`` taking no core (its server hands it back that late; the profile's wall time at low load
+beyond that CPU: loopback, thread wake-ups and hand-offs; a constant on the path, so where it sits changes no
+queue), then joins the real :class:`~fleetserve.batching.collator.Collator`, which decides exactly as in the replica
+process which requests form the next batch and when (sequence buckets, ``max_delay_s``, preferred sizes, queue
+bound). The collator's timer fires ``timer_lag_s`` late, as the event loop's does. A batch runs on a free engine
+instance for a service time drawn from the profile for its rows and padded length (the longest request, or the
+bucket for engines that run fixed shapes): the back-to-back timing when the instance goes straight from one batch to
+the next, the after-idle timing when it waited for work (any wait); scaled by a slow-GPU factor when one is
+injected. A full queue answers 503 at once, like ``Batcher.submit``.
 
 Lifecycle: ``ready`` → (crash) ``down`` → (restart + cold start) ``ready``; new replicas start in
 ``starting``. A crash drops everything in hand (the gateway sees resets) and refuses connections until the
@@ -48,14 +48,13 @@ class SimReplica:
         self._bucket_of: dict[int, int] = {}  # token count -> sequence bucket, filled as lengths come
         self._pad_to_bucket = profile.pad_to_bucket
         self._sample = ServiceSampler(profile, rng, cache=shapes)
-        self.event_loop = Server(loop, cpu_host, name=f"{name}/loop")
+        self.event_loop = Server(loop, cpu_host, wait_s=profile.replica_wait_s, name=f"{name}/loop")
         self.instances = [
             Server(loop, device_host, demand=profile.threads, name=f"{name}/engine{i}") for i in range(instances)
         ]
         self._idle = list(self.instances)
         self._collator: Collator[Request] = Collator(batcher)
         self._cpu_s = profile.replica_cpu_s
-        self._wait_s = profile.replica_wait_s
         self._timer_lag_s = profile.timer_lag_s
         self._freed_at: dict[Server, float] = {}  # when each instance last finished a batch
         self._timeout_s = batcher.default_timeout_s
@@ -82,13 +81,9 @@ class SimReplica:
     def receive(self, request: Request) -> None:
         """A request arrived over an accepted connection."""
         if self._cpu_s:
-            self.event_loop.submit(self._cpu_s, self._waited if self._wait_s else self._decoded, request)
-        else:
-            self._waited(request)
-
-    def _waited(self, request: Request) -> None:
-        if self._wait_s:
-            self.loop.after(self._wait_s, self._decoded, request)
+            self.event_loop.submit(self._cpu_s, self._decoded, request)  # handed back after the wait
+        elif self.event_loop.wait_s:
+            self.loop.after(self.event_loop.wait_s, self._decoded, request)
         else:
             self._decoded(request)
 
