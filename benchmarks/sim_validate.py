@@ -103,10 +103,17 @@ class OthersMeter:
     out)."""
 
     def __init__(self) -> None:
-        self._busy, self._ours, self._t0 = _busy_seconds(), tree_cpu_seconds(os.getpid()), time.monotonic()
+        self._busy, self._ours, self._t0 = _busy_seconds(), self._our_seconds(), time.monotonic()
+
+    @staticmethod
+    def _our_seconds() -> float:
+        """This process tree's CPU so far: the live processes' and the exited children's (the fleet has
+        stopped by the time the meter is read, and a reaped child's CPU only shows in its parent's totals)."""
+        times = os.times()
+        return tree_cpu_seconds(os.getpid()) + times.children_user + times.children_system
 
     def cores(self) -> float:
-        busy, ours = _busy_seconds(), tree_cpu_seconds(os.getpid())
+        busy, ours = _busy_seconds(), self._our_seconds()
         return max(0.0, (busy - self._busy) - (ours - self._ours)) / (time.monotonic() - self._t0)
 
 
