@@ -18,14 +18,13 @@ saturation.
 
 Then the **wall times** at low load: open-loop Poisson arrivals at ``low_load_rps`` of short texts (requests far
 apart and quick, so each finds the processes idle and rarely queues behind another), first to the replica, then
-through the gateway;
-latency is the load generator's from the actual send (its own lateness left out). The replica's metrics
-(``fleetserve_request_duration_seconds``, scraped before and after) give the mean batcher queue wait and engine
-call of the same requests: **replica wall time** = latency − queue wait − engine call (HTTP both ways, JSON,
-tokenising on its thread, every thread hand-off and wake-up; the client's send and receive included), **gateway
-wall time** = the same through the gateway minus the replica's, and **timer lag** = queue wait − the batcher's
-``max_delay_s`` (each lone request waits exactly that in the collator's logic; the rest is how late the event
-loop's timer fired). Subtracting each phase's own queue and engine means keeps the engine's variance (long
+through the gateway; latency is the load generator's from the actual send (its own lateness left out). The
+replica's metrics (``fleetserve_request_duration_seconds``, scraped before and after) give the mean batcher queue
+wait and engine call of the same requests: **replica wall time** = latency − queue wait − engine call (HTTP both
+ways, JSON, tokenising on its thread, every thread hand-off and wake-up; the client's send and receive included),
+**gateway wall time** = the same through the gateway minus the replica's, and **timer lag** = queue wait − the
+batcher's ``max_delay_s`` (each lone request waits exactly that in the collator's logic; the rest is how late the
+event loop's timer fired). Subtracting each phase's own queue and engine means keeps the engine's variance (long
 texts) out of the differences.
 """
 
