@@ -10,9 +10,11 @@ For 2 and 4 real ``minilm`` int8 replicas on this machine behind our gateway (``
    measured first unless ``--profile`` is given; one intra-op thread is what ``fleetserve up`` gives each replica
    here), every replica's event loop and engine thread and the gateway sharing this machine's cores
    (``shared_host_cores``) under processor sharing with a background demand: the load generator's CPU per
-   request (measured in the capacity run) times the rate, plus what other processes used in the 2 s before
-   the run (the machine is shared); the same policy, health interval, batcher settings, arrival process and
-   warm-up.
+   request (measured in the capacity run) times the rate, plus what other processes used during the run
+   (the machine is shared: /proc/stat's busy time less this process tree's); the same policy, health
+   interval, batcher settings, arrival process and warm-up. The measured latency runs from each request's
+   scheduled send; the load generator sends late by its timer's resolution (its report's schedule lag, ~1 ms),
+   which is the client's delay, not the fleet's: the prediction adds that run's mean lag.
 
 Profile on a quiet machine: engine times measured while others compete for the cores are inflated, and the
 prediction then counts that competition twice.
@@ -61,6 +63,7 @@ class Row:
     predicted_p99_ms: float
     errors: int
     background_cores: float
+    generator_lag_ms: float
 
     def error(self, measured: float, predicted: float) -> float:
         return (predicted - measured) / measured if measured else float("nan")
@@ -70,11 +73,12 @@ class Row:
                 f"{self.predicted_rps:.1f}", f"{self.error(self.measured_rps, self.predicted_rps):+.1%}",
                 f"{self.measured_p50_ms:.1f}", f"{self.predicted_p50_ms:.1f}", f"{self.measured_p99_ms:.1f}",
                 f"{self.predicted_p99_ms:.1f}", f"{self.error(self.measured_p99_ms, self.predicted_p99_ms):+.1%}",
-                str(self.errors), f"{self.background_cores:.2f}"]
+                str(self.errors), f"{self.background_cores:.2f}", f"{self.generator_lag_ms:.2f}"]
 
 
 HEAD = ["replicas", "scenario", "offered req/s", "measured req/s", "predicted req/s", "error", "measured p50 ms",
-        "predicted p50 ms", "measured p99 ms", "predicted p99 ms", "p99 error", "errors", "background cores"]
+        "predicted p50 ms", "measured p99 ms", "predicted p99 ms", "p99 error", "errors", "background cores",
+        "generator lag ms"]
 
 
 def table(rows: list[Row]) -> str:
@@ -94,12 +98,23 @@ def _busy_seconds() -> float:
     return (user + nice + system + irq + softirq + steal) / os.sysconf("SC_CLK_TCK")
 
 
-async def others_cores(seconds: float = 2.0) -> float:
-    """Cores other processes kept busy over ``seconds`` (this process and its children left out)."""
-    busy0, ours0, t0 = _busy_seconds(), tree_cpu_seconds(os.getpid()), time.monotonic()
-    await asyncio.sleep(seconds)
-    busy1, ours1 = _busy_seconds(), tree_cpu_seconds(os.getpid())
-    return max(0.0, (busy1 - busy0) - (ours1 - ours0)) / (time.monotonic() - t0)
+class OthersMeter:
+    """Cores other processes keep busy between ``start`` and ``cores`` (this process and its children left
+    out)."""
+
+    def __init__(self) -> None:
+        self._busy, self._ours, self._t0 = _busy_seconds(), self._our_seconds(), time.monotonic()
+
+    @staticmethod
+    def _our_seconds() -> float:
+        """This process tree's CPU so far: the live processes' and the exited children's (the fleet has
+        stopped by the time the meter is read, and a reaped child's CPU only shows in its parent's totals)."""
+        times = os.times()
+        return tree_cpu_seconds(os.getpid()) + times.children_user + times.children_system
+
+    def cores(self) -> float:
+        busy, ours = _busy_seconds(), self._our_seconds()
+        return max(0.0, (busy - self._busy) - (ours - self._ours)) / (time.monotonic() - self._t0)
 
 
 def measure_profile(path: Path) -> Profile:
@@ -142,14 +157,15 @@ async def validate(args: argparse.Namespace, profile: Profile) -> list[Row]:
         cases.append((f"throttled, {args.throttle_load:.0%} load", args.throttle_load, True))
         for name, share, throttle in cases:
             rate = share * capacity
-            others = await others_cores()
-            print(f"-- {replicas} replicas, {name}: {rate:.0f} req/s, load average {loadavg()}, "
-                  f"other processes {others:.2f} cores", flush=True)
+            print(f"-- {replicas} replicas, {name}: {rate:.0f} req/s, load average {loadavg()}", flush=True)
+            meter = OthersMeter()
             measured = (await run_scenario(scenario(rate=rate, fault="throttle" if throttle else "none"))).report
+            others = meter.cores()
             background = rate * generator_cpu_per_request + others
             rps, p50, p99 = predict(profile, replicas, rate, args.duration, background, throttle, args.seed)
-            row = Row(replicas, name, rate, measured.achieved_rps, rps, measured.percentile(50) * 1e3, p50,
-                      measured.percentile(99) * 1e3, p99, measured.errors, background)
+            lag = measured.schedule_lag_mean_s * 1e3
+            row = Row(replicas, name, rate, measured.achieved_rps, rps, measured.percentile(50) * 1e3, p50 + lag,
+                      measured.percentile(99) * 1e3, p99 + lag, measured.errors, background, lag)
             print(table([row]), flush=True)
             rows.append(row)
     return rows

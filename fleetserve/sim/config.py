@@ -49,6 +49,7 @@ class SimConfig:
     batcher: BatcherConfig = field(default_factory=BatcherConfig)
     gateway_workers: int = 1
     gateway_cpu_s: float | None = None  # None: the first profile's
+    gateway_wait_s: float | None = None  # None: the first profile's (its gateway wall time beyond the CPU)
     max_retries: int = 1
     health_checks: bool = True
     network_s: float = 0.0  # one way, gateway <-> replica
@@ -71,8 +72,8 @@ class SimConfig:
             raise ValueError("warmup_s, network_s and background_cores must be >= 0")
         if self.gateway_workers < 1:
             raise ValueError(f"gateway_workers must be >= 1, got {self.gateway_workers}")
-        if self.gateway_cpu_s is not None and self.gateway_cpu_s < 0:
-            raise ValueError("gateway_cpu_s must be >= 0")
+        if min(self.gateway_cpu_s or 0.0, self.gateway_wait_s or 0.0) < 0:
+            raise ValueError("gateway_cpu_s and gateway_wait_s must be >= 0")
         if not 0 <= self.max_retries <= 3:
             raise ValueError(f"max_retries must be in 0..3, got {self.max_retries}")
         if self.replica_cores is not None and self.replica_cores <= 0:
@@ -90,6 +91,9 @@ class SimConfig:
 
     def gateway_cpu(self) -> float:
         return self.groups[0].profile.gateway_cpu_s if self.gateway_cpu_s is None else self.gateway_cpu_s
+
+    def gateway_wait(self) -> float:
+        return self.groups[0].profile.gateway_wait_s if self.gateway_wait_s is None else self.gateway_wait_s
 
     def length_mix(self) -> LengthMix:
         return self.lengths if self.lengths is not None else self.groups[0].profile.lengths

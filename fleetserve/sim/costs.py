@@ -15,6 +15,17 @@ request** = the gateway process tree's CPU ÷ requests sent (its health checks i
 overcount). One request in flight is the least favourable case for an event loop (no wake-up is shared between
 requests), so both are upper bounds for busier processes; BENCHMARKS.md §4.3 measures the gateway at
 saturation.
+
+Then the **wall times** at low load: open-loop Poisson arrivals at ``low_load_rps`` of short texts (requests far
+apart and quick, so each finds the processes idle and rarely queues behind another), first to the replica, then
+through the gateway; latency is the load generator's from the actual send (its own lateness left out). The
+replica's metrics (``fleetserve_request_duration_seconds``, scraped before and after) give the mean batcher queue
+wait and engine call of the same requests: **replica wall time** = latency − queue wait − engine call (HTTP both
+ways, JSON, tokenising on its thread, every thread hand-off and wake-up; the client's send and receive included),
+**gateway wall time** = the same through the gateway minus the replica's, and **timer lag** = queue wait − the
+batcher's ``max_delay_s`` (each lone request waits exactly that in the collator's logic; the rest is how late the
+event loop's timer fired). Subtracting each phase's own queue and engine means keeps the engine's variance (long
+texts) out of the differences.
 """
 
 from __future__ import annotations
@@ -24,9 +35,11 @@ import contextlib
 import os
 import sys
 import time
+import urllib.request
 from collections.abc import AsyncIterator
 from dataclasses import dataclass
 
+from fleetserve.batching.config import BatcherConfig
 from fleetserve.bench.loadgen import LoadConfig, run_load
 from fleetserve.bench.scenarios import tree_cpu_seconds
 from fleetserve.deploy.local import free_port
@@ -38,10 +51,13 @@ from fleetserve.fleet.supervisor import http_ok
 class CostConfig:
     duration_s: float = 5.0
     ready_timeout_s: float = 300.0
+    low_load_rps: float = 10.0
+    low_load_s: float = 10.0
+    max_delay_s: float = BatcherConfig().max_delay_s  # the replica's batcher setting (its default)
 
     def __post_init__(self) -> None:
-        if self.duration_s <= 0 or self.ready_timeout_s <= 0:
-            raise ValueError("cost measurement durations must be > 0")
+        if min(self.duration_s, self.ready_timeout_s, self.low_load_rps, self.low_load_s) <= 0:
+            raise ValueError("cost measurement durations and the low-load rate must be > 0")
 
 
 @dataclass(frozen=True)
@@ -51,6 +67,49 @@ class Costs:
     cold_start_s: float
     replica_requests: int
     gateway_requests: int
+    replica_wall_s: float = 0.0
+    gateway_wall_s: float = 0.0
+    timer_lag_s: float = 0.0
+
+
+@dataclass(frozen=True)
+class LowLoad:
+    """Means over one low-load run: latency from send, the replica's queue wait and engine call."""
+
+    latency_s: float
+    queue_s: float
+    compute_s: float
+    requests: int
+
+    @property
+    def outside_s(self) -> float:
+        """Time outside the batcher's queue and the engine."""
+        return self.latency_s - self.queue_s - self.compute_s
+
+
+def stage_sums(metrics_text: str) -> dict[str, tuple[float, float]]:
+    """(sum, count) of ``fleetserve_request_duration_seconds`` per stage in a replica's /metrics text."""
+    from prometheus_client.parser import text_string_to_metric_families
+
+    out: dict[str, tuple[float, float]] = {}
+    for family in text_string_to_metric_families(metrics_text):
+        if family.name != "fleetserve_request_duration_seconds":
+            continue
+        for sample in family.samples:
+            stage = sample.labels.get("stage", "")
+            total, count = out.get(stage, (0.0, 0.0))
+            if sample.name.endswith("_sum"):
+                out[stage] = (total + sample.value, count)
+            elif sample.name.endswith("_count"):
+                out[stage] = (total, count + sample.value)
+    return out
+
+
+def stage_mean(before: dict[str, tuple[float, float]], after: dict[str, tuple[float, float]], stage: str) -> float:
+    (s0, c0), (s1, c1) = before.get(stage, (0.0, 0.0)), after.get(stage, (0.0, 0.0))
+    if c1 <= c0:
+        raise FleetserveError(f"the replica recorded no '{stage}' time while measuring wall times")
+    return (s1 - s0) / (c1 - c0)
 
 
 def thread_cpu_seconds(pid: int) -> dict[int, float]:
@@ -109,6 +168,22 @@ async def _closed_loop(url: str, model: str, duration_s: float) -> int:
     return report.sent
 
 
+def _metrics(replica_url: str) -> dict[str, tuple[float, float]]:
+    with urllib.request.urlopen(f"{replica_url}/metrics", timeout=10) as response:
+        return stage_sums(response.read().decode())
+
+
+async def _low_load(url: str, replica_url: str, model: str, config: CostConfig) -> LowLoad:
+    before = await asyncio.to_thread(_metrics, replica_url)
+    report = await run_load(LoadConfig(url=url, rate=config.low_load_rps, duration_s=config.low_load_s,
+                                       workload="texts", model=model, long_fraction=0.0))
+    after = await asyncio.to_thread(_metrics, replica_url)
+    if report.ok == 0:
+        raise FleetserveError(f"no request to {url} succeeded while measuring wall times")
+    return LowLoad(report.service_latency_s["mean"], stage_mean(before, after, "queue"),
+                   stage_mean(before, after, "compute"), report.ok)
+
+
 async def measure_costs(model: str, serve_args: list[str], config: CostConfig) -> Costs:
     cli = [sys.executable, "-m", "fleetserve.cli"]
     port = free_port()
@@ -120,6 +195,7 @@ async def measure_costs(model: str, serve_args: list[str], config: CostConfig) -
         before = thread_cpu_seconds(rpid)
         sent = await _closed_loop(replica_url, model, config.duration_s)
         replica_cpu = replica_overhead(rpid, before, thread_cpu_seconds(rpid)) / sent
+        direct = await _low_load(replica_url, replica_url, model, config)
         gport = free_port()
         gateway_url = f"http://127.0.0.1:{gport}"
         gateway = [*cli, "gateway", "--backend", replica_url, "--host", "127.0.0.1", "--port", str(gport),
@@ -129,4 +205,8 @@ async def measure_costs(model: str, serve_args: list[str], config: CostConfig) -
             g0 = tree_cpu_seconds(gpid)
             gsent = await _closed_loop(gateway_url, model, config.duration_s)
             gateway_cpu = (tree_cpu_seconds(gpid) - g0) / gsent
-    return Costs(replica_cpu, gateway_cpu, cold, sent, gsent)
+            through = await _low_load(gateway_url, replica_url, model, config)
+    return Costs(replica_cpu, gateway_cpu, cold, sent, gsent,
+                 replica_wall_s=max(replica_cpu, direct.outside_s),
+                 gateway_wall_s=max(gateway_cpu, through.outside_s - direct.outside_s),
+                 timer_lag_s=max(0.0, direct.queue_s - config.max_delay_s))

@@ -1,8 +1,9 @@
 """The simulated gateway: worker processes, each with its own CPU queue and its own real balancer.
 
 ``fleetserve gateway --workers N`` runs N processes on one port (SO_REUSEPORT); each balances on its own
-view of the fleet. Here each worker is a FIFO server costing ``gateway_cpu_s`` per request and a
-:class:`~fleetserve.sim.gateway.SimBalancer`; an arriving request goes to a worker chosen uniformly at random
+view of the fleet. Here each worker is a FIFO server costing ``gateway_cpu_s`` per request, then a wait of
+``wait_s`` that takes no core (the gateway's wall time at low load beyond its CPU: loopback hops, wake-ups),
+and a :class:`~fleetserve.sim.gateway.SimBalancer`; an arriving request goes to a worker chosen uniformly at random
 (the kernel hashes connections across the sockets).
 
 The forwarding rule restates :mod:`fleetserve.gateway.forward.proxy`'s: a connect failure (nothing listening) is
@@ -27,10 +28,11 @@ Done = Callable[[Request, int], None]
 
 class FrontWorker:
     def __init__(self, loop: EventLoop, host: Host, config: BalancerConfig, *, cpu_s: float, max_retries: int,
-                 rng: random.Random, done: Done, network_s: float = 0.0, name: str = "gateway") -> None:
+                 rng: random.Random, done: Done, network_s: float = 0.0, wait_s: float = 0.0,
+                 name: str = "gateway") -> None:
         self.loop = loop
         self.balancer: SimBalancer[SimReplica] = SimBalancer(config, clock=loop.clock, rng=rng)
-        self.server = Server(loop, host, name=name)
+        self.server = Server(loop, host, wait_s=wait_s, name=name)
         self._cpu_s = cpu_s
         self._max_retries = max_retries
         self._done = done
@@ -43,7 +45,9 @@ class FrontWorker:
     def receive(self, request: Request) -> None:
         request.reply = self.answer
         if self._cpu_s:
-            self.server.submit(self._cpu_s, self._route, request)
+            self.server.submit(self._cpu_s, self._route, request)  # handed back after the wait
+        elif self.server.wait_s:
+            self.loop.after(self.server.wait_s, self._route, request)
         else:
             self._route(request)
 

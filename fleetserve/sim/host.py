@@ -12,6 +12,11 @@ egalitarian processor sharing, the standard model of a time-sliced CPU (Kleinroc
 §4.4). Two replicas and a gateway on a 2-core box are one host; a GPU replica in a large fleet has its own
 host, which is never oversubscribed, so its servers take the fast path (no rescheduling).
 
+A server may hand each finished job back ``wait_s`` after it finishes: time the job's request spends waiting
+after its CPU work (loopback hops, wake-ups of idle threads and processes) that takes no core and does not
+hold up the server's next job. On the fast path that costs no extra event (the callback is scheduled for the
+finish plus the wait).
+
 A paused server (SIGSTOP of its process, see :mod:`fleetserve.sim.faults`) keeps its job but makes no
 progress and demands nothing, which leaves more capacity to the others on its host.
 
@@ -88,13 +93,15 @@ class Server:
 
     __slots__ = (
         "_done", "_fast", "_finish_at", "_free_at", "_host", "_job_arg", "_loop", "_paused", "_queue", "_remaining",
-        "_token", "_worked", "busy_time", "demand", "name", "started_at",
+        "_token", "_worked", "busy_time", "demand", "name", "started_at", "wait_s",
     )
 
-    def __init__(self, loop: EventLoop, host: Host, *, demand: float = 1.0, name: str = "") -> None:
-        if demand <= 0:
-            raise ValueError(f"server demand must be > 0, got {demand}")
+    def __init__(self, loop: EventLoop, host: Host, *, demand: float = 1.0, wait_s: float = 0.0,
+                 name: str = "") -> None:
+        if demand <= 0 or wait_s < 0:
+            raise ValueError(f"server demand must be > 0 and wait_s >= 0, got {demand} and {wait_s}")
         self._loop = loop
+        self.wait_s = wait_s
         self._host = host
         self.demand = demand
         self.name = name
@@ -136,7 +143,7 @@ class Server:
             free_at = self._free_at
             self._free_at = finish = (free_at if free_at > now else now) + work
             self._worked += work
-            self._loop.schedule(finish, done, arg)
+            self._loop.schedule(finish + self.wait_s, done, arg)
             return
         if self._done is not None:
             self._queue.append((work, done, arg))
@@ -186,7 +193,10 @@ class Server:
         elif not self._host._roomy:
             self._host._changed(self, False)
         assert done is not None
-        done(arg)
+        if self.wait_s:
+            self._loop.after(self.wait_s, done, arg)
+        else:
+            done(arg)
 
     def pause(self) -> None:
         """Stop making progress (the process got SIGSTOP); the job in hand waits."""

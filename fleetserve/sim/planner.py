@@ -92,8 +92,8 @@ class ProfilePlan:
 
 def latency_floor(profile: Profile, *, rows: int = 1, tokens: int | None = None) -> float:
     """The 99th percentile of one request's time alone — its length's batch of one on an idle engine, drawn as
-    the simulator draws it, over the request mix — plus the replica's and the gateway's CPU. A request's
-    latency is at least that, so no fleet size gets p99 below it."""
+    the simulator draws it, over the request mix — plus the replica's and the gateway's time outside the engine
+    (CPU and waiting). A request's latency is at least that, so no fleet size gets p99 below it."""
     mix = profile.lengths if tokens is None else LengthMix.fixed(tokens)
     pad = profile.seq_buckets if profile.pad_to_bucket else ()
     total = sum(mix.weights)
@@ -101,7 +101,7 @@ def latency_floor(profile: Profile, *, rows: int = 1, tokens: int | None = None)
     for length, weight in zip(mix.values, mix.weights, strict=True):
         seq = min(length, profile.max_seq)
         seq = next((b for b in pad if b >= seq), seq)
-        mean, cv = profile.timing(rows, seq)
+        mean, cv = profile.timing(rows, seq, idle=True)
         sigma = math.sqrt(math.log1p(cv * cv))
         parts.append((weight / total, mean, math.log(mean) - sigma * sigma / 2, sigma))
 
@@ -119,7 +119,8 @@ def latency_floor(profile: Profile, *, rows: int = 1, tokens: int | None = None)
     for _ in range(60):
         mid = (low + high) / 2
         low, high = (mid, high) if below(mid) < 0.99 else (low, mid)
-    return high + profile.replica_cpu_s + profile.gateway_cpu_s
+    return (high + profile.replica_cpu_s + profile.replica_wait_s + profile.gateway_cpu_s
+            + profile.gateway_wait_s)
 
 
 def gateway_workers(profile: Profile, qps: float) -> int:

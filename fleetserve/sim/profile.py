@@ -1,8 +1,10 @@
 """Engine profiles: what one replica's engine costs, measured once, read by the simulator and the planner.
 
 A profile holds the service time of one batch per (batch size, padded sequence length) — mean, standard
-deviation and quantiles over repeated runs of one engine instance — plus what else a replica costs: CPU
-per request on the replica (HTTP, JSON, tokenizer, batching) and on the gateway, the time from process
+deviation and quantiles over repeated runs of one engine instance, back to back and after the instance
+idled — plus what else a replica costs: CPU per request on the replica (HTTP, JSON, tokenizer, batching)
+and on the gateway, the wall time each of them adds to a request at low load (CPU plus waiting: loopback,
+thread wake-ups and hand-offs), how late the batcher's timer fires, the time from process
 start to ready (cold start), how much concurrent work the device overlaps (``device_capacity``: 1.0 for a
 CPU instance that owns its cores; a GPU runs several instances' kernels partly side by side), and the
 tokenized length mix of the benchmark workload. ``fleetserve profile`` writes it (:mod:`fleetserve.sim.profiler`);
@@ -29,17 +31,35 @@ FORMAT = "fleetserve-profile/1"
 
 @dataclass(frozen=True)
 class ShapeTiming:
-    """Service time of one batch shape over ``n`` runs, in seconds."""
+    """Service time of one batch shape over ``n`` runs, in seconds.
+
+    ``mean_s``/``std_s`` time calls run back to back (an instance with work queued); ``idle_mean_s``/``idle_std_s``
+    time calls that each start after the instance sat idle (a replica between requests at low load: its core
+    went idle and its caches cooled), None in profiles recorded before they were measured (then idle calls
+    cost what back-to-back ones do).
+    """
 
     mean_s: float
     std_s: float
     p50_s: float
     p99_s: float
     n: int
+    idle_mean_s: float | None = None
+    idle_std_s: float | None = None
 
     def __post_init__(self) -> None:
         if not (self.mean_s > 0 and self.std_s >= 0 and self.n >= 1):
             raise ValueError(f"shape timing needs mean_s > 0, std_s >= 0, n >= 1, got {self}")
+        if (self.idle_mean_s is None) != (self.idle_std_s is None) or (
+            self.idle_mean_s is not None and not (self.idle_mean_s > 0 and (self.idle_std_s or 0.0) >= 0)
+        ):
+            raise ValueError(f"shape timing needs both idle_mean_s > 0 and idle_std_s >= 0, or neither, got {self}")
+
+    def moments(self, idle: bool) -> tuple[float, float]:
+        """(mean, standard deviation) of a back-to-back call, or of one after idling when measured."""
+        if idle and self.idle_mean_s is not None and self.idle_std_s is not None:
+            return self.idle_mean_s, self.idle_std_s
+        return self.mean_s, self.std_s
 
 
 @dataclass(frozen=True)
@@ -107,6 +127,12 @@ class Profile:
     device_capacity: float = 1.0  # instances' worth of work the device runs at once at full speed
     replica_cpu_s: float = 0.0  # per request, outside the engine
     gateway_cpu_s: float = 0.0  # per request
+    # Wall time per request at low load (0: not measured, taken as the CPU alone): in the replica outside its
+    # batcher queue and engine call, and what the gateway adds; the part beyond the CPU is waiting (loopback,
+    # wake-ups of idle threads and processes, hand-offs between threads), which takes no core.
+    replica_wall_s: float = 0.0
+    gateway_wall_s: float = 0.0
+    timer_lag_s: float = 0.0  # how late the batcher's max-delay timer fires (event-loop timer resolution)
     cold_start_s: float | None = None  # process start to ready; None: not measured
     lengths: LengthMix = field(default_factory=lambda: LengthMix.fixed(32))
     seq_buckets: tuple[int, ...] = (16, 32, 64, 128, 256, 512)
@@ -127,12 +153,23 @@ class Profile:
             raise ValueError("profile service table must have one row per batch size and one column per length")
         if self.threads < 1 or self.device_capacity <= 0:
             raise ValueError("profile threads must be >= 1 and device_capacity > 0")
-        if self.replica_cpu_s < 0 or self.gateway_cpu_s < 0:
-            raise ValueError("profile CPU costs must be >= 0")
+        if min(self.replica_cpu_s, self.gateway_cpu_s, self.replica_wall_s, self.gateway_wall_s,
+               self.timer_lag_s) < 0:
+            raise ValueError("profile CPU costs, wall times and timer lag must be >= 0")
         if self.cost_per_hour is not None and self.cost_per_hour < 0:
             raise ValueError(f"cost_per_hour must be >= 0, got {self.cost_per_hour}")
         if not self.name:
             object.__setattr__(self, "name", f"{self.model}/{self.precision}/{self.device_name or self.device}")
+
+    @property
+    def replica_wait_s(self) -> float:
+        """Waiting a request does in the replica at low load beyond its CPU (no core taken)."""
+        return max(0.0, self.replica_wall_s - self.replica_cpu_s)
+
+    @property
+    def gateway_wait_s(self) -> float:
+        """Waiting a request does in the gateway at low load beyond its CPU (no core taken)."""
+        return max(0.0, self.gateway_wall_s - self.gateway_cpu_s)
 
     @property
     def max_batch(self) -> int:
@@ -142,8 +179,9 @@ class Profile:
     def max_seq(self) -> int:
         return self.seq_lengths[-1]
 
-    def timing(self, rows: int, seq: int) -> tuple[float, float]:
-        """Interpolated (mean seconds, coefficient of variation) of a batch of ``rows`` padded to ``seq``."""
+    def timing(self, rows: int, seq: int, idle: bool = False) -> tuple[float, float]:
+        """Interpolated (mean seconds, coefficient of variation) of a batch of ``rows`` padded to ``seq``,
+        run back to back or (``idle``) on an instance that was idle before it."""
         bi, bw = _bracket(self.batch_sizes, rows)
         si, sw = _bracket(self.seq_lengths, seq)
         mean = cv = 0.0
@@ -151,9 +189,9 @@ class Profile:
             for j, wj in ((si, 1.0 - sw), (si + 1, sw)):
                 w = wi * wj
                 if w:
-                    t = self.service[i][j]
-                    mean += w * t.mean_s
-                    cv += w * t.std_s / t.mean_s
+                    m, sd = self.service[i][j].moments(idle)
+                    mean += w * m
+                    cv += w * sd / m
         return mean, cv
 
     def with_cost(self, cost_per_hour: float | None) -> Profile:
@@ -213,9 +251,9 @@ def _bracket(points: tuple[int, ...], x: float) -> tuple[int, float]:
 class ServiceSampler:
     """Draws batch service times from a profile: lognormal with the interpolated mean and CV.
 
-    The lognormal's parameters are computed once per shape into ``cache``, which samplers of the same profile
-    may share (a large fleet has one sampler per replica, each with its own random stream).
-    """
+    The lognormal's parameters are computed once per shape into ``cache`` (keyed ``(rows, seq)``, the length negated
+    for a call after idling), which samplers of the same profile may share (a large fleet has one sampler per
+    replica, each with its own random stream). """
 
     __slots__ = ("_cache", "_normal", "_profile")
 
@@ -226,17 +264,17 @@ class ServiceSampler:
         self._normal = rng.normalvariate
         self._cache = {} if cache is None else cache
 
-    def params(self, rows: int, seq: int) -> tuple[float, float, float]:
-        """(mean, mu, sigma) of the lognormal for this shape."""
-        key = (rows, seq)
+    def params(self, rows: int, seq: int, idle: bool = False) -> tuple[float, float, float]:
+        """(mean, mu, sigma) of the lognormal for this shape (run back to back, or after idling)."""
+        key = (rows, -seq) if idle else (rows, seq)
         got = self._cache.get(key)
         if got is None:
-            mean, cv = self._profile.timing(rows, seq)
+            mean, cv = self._profile.timing(rows, seq, idle)
             sigma2 = math.log1p(cv * cv)
             got = (mean, math.log(mean) - sigma2 / 2, math.sqrt(sigma2))
             self._cache[key] = got
         return got
 
-    def __call__(self, rows: int, seq: int) -> float:
-        mean, mu, sigma = self._cache.get((rows, seq)) or self.params(rows, seq)
+    def __call__(self, rows: int, seq: int, idle: bool = False) -> float:
+        mean, mu, sigma = self._cache.get((rows, -seq) if idle else (rows, seq)) or self.params(rows, seq, idle)
         return math.exp(self._normal(mu, sigma)) if sigma > 0 else mean

@@ -2,8 +2,9 @@
 
 Builds the engine as ``fleetserve build`` would (same flags), times every (batch size, sequence length) on
 one instance (:mod:`fleetserve.sim.profiler`), tokenizes the benchmark's text mix, measures the replica's and
-the gateway's CPU per request and the replica's cold start with real processes (:mod:`fleetserve.sim.costs`;
-``--no-costs`` skips that), and writes the profile JSON that ``fleetserve plan`` and the simulator read.
+the gateway's CPU and wall time per request, the batcher's timer lag and the replica's cold start with real
+processes (:mod:`fleetserve.sim.costs`; ``--no-costs`` skips that), and writes the profile JSON that ``fleetserve
+plan`` and the simulator read.
 """
 
 from __future__ import annotations
@@ -44,7 +45,8 @@ class ProfileOptions:
     budget_s: float = option(2.0, "timed seconds per shape once 3 runs are in")
     costs: bool = option(True, "measure the replica's and gateway's CPU per request and the cold start "
                                "(starts a real replica and gateway)")
-    cost_duration_s: float = option(5.0, "seconds of load per CPU-cost phase")
+    cost_duration_s: float = option(5.0, "seconds of load per CPU-cost phase (twice that per low-load wall-time "
+                                         "phase)")
     cost_per_hour: float | None = option(None, "price of one replica per hour, stored for plan",
                                          default_text="none")
     name: str = option("", "short label for tables", default_text="model/precision/device")
@@ -119,7 +121,8 @@ def run(options: ProfileOptions) -> int:
                       "--max-batch", str(econf.max_batch)]
         if econf.max_seq:
             serve_args += ["--max-seq", str(econf.max_seq)]
-        costs = asyncio.run(measure_costs(econf.model, serve_args, CostConfig(duration_s=options.cost_duration_s)))
+        costs = asyncio.run(measure_costs(econf.model, serve_args, CostConfig(duration_s=options.cost_duration_s,
+                                                                            low_load_s=2 * options.cost_duration_s)))
     else:
         notes.append("CPU costs and cold start not measured (--no-costs)")
     engine.close()
@@ -128,7 +131,9 @@ def run(options: ProfileOptions) -> int:
         device="cpu" if engine.device == "cpu" else "cuda", device_name=_device_name(engine.device),
         batch_sizes=tuple(batch_sizes), seq_lengths=tuple(seq_lengths), service=service, threads=threads,
         device_capacity=capacity, replica_cpu_s=costs.replica_cpu_s if costs else 0.0,
-        gateway_cpu_s=costs.gateway_cpu_s if costs else 0.0, cold_start_s=costs.cold_start_s if costs else None,
+        gateway_cpu_s=costs.gateway_cpu_s if costs else 0.0, replica_wall_s=costs.replica_wall_s if costs else 0.0,
+        gateway_wall_s=costs.gateway_wall_s if costs else 0.0, timer_lag_s=costs.timer_lag_s if costs else 0.0,
+        cold_start_s=costs.cold_start_s if costs else None,
         lengths=mix, seq_buckets=shape.seq_buckets, pad_to_bucket=engine.device != "cpu",
         cost_per_hour=options.cost_per_hour, measured_at=time.strftime("%Y-%m-%d %H:%M %Z"),
         command="fleetserve profile " + shlex.join(sys.argv[2:] if sys.argv[1:2] == ["profile"] else sys.argv[1:]),
@@ -139,5 +144,7 @@ def run(options: ProfileOptions) -> int:
     print(f"profile {profile.name}: {len(batch_sizes)} batch sizes x {len(seq_lengths)} lengths, "
           f"batch 1 at {seq_lengths[0]} tokens {service[0][0].mean_s * 1e3:.3f} ms, "
           f"replica CPU {profile.replica_cpu_s * 1e6:.0f} us/request, gateway CPU {profile.gateway_cpu_s * 1e6:.0f} "
-          f"us/request, cold start {cold} -> {options.out}")
+          f"us/request, wall at low load: replica {profile.replica_wall_s * 1e6:.0f} us, gateway "
+          f"{profile.gateway_wall_s * 1e6:.0f} us, timer lag {profile.timer_lag_s * 1e6:.0f} us; cold start {cold} "
+          f"-> {options.out}")
     return 0

@@ -1,13 +1,15 @@
 """``fleetserve profile``'s measurements: one engine instance's service time per (batch size, sequence length).
 
-Method: the engine is built (or found in the cache) exactly as ``fleetserve serve`` would, loaded with
-``threads`` intra-op threads, and each shape runs on one instance with token ids drawn like the load
-generator's (``[CLS] ids… [SEP]``, attention mask of ones): ``warmup`` untimed calls, then up to ``repeats``
-timed calls or until ``budget_s`` of timed calls have passed (at least ``min_repeats``). Shapes are the
-engine's batch buckets up to ``max_batch`` × sequence lengths from 16 to ``max_seq`` (doubling). Each call is
-timed with ``perf_counter`` around ``infer`` (the same span the batcher's compute metric measures, minus
-padding and splitting). On a GPU, ``device_capacity`` comes from running 1, 2 and 4 instances at once on one
-mid-sized shape: the best aggregate throughput over one instance's.
+Method: the engine is built (or found in the cache) exactly as ``fleetserve serve`` would, loaded with ``threads``
+intra-op threads, and each shape runs on one instance with token ids drawn like the load generator's (``[CLS] ids…
+[SEP]``, attention mask of ones): ``warmup`` untimed calls, then up to ``repeats`` timed calls or until ``budget_s``
+of timed calls have passed (at least ``min_repeats``). Shapes are the engine's batch buckets up to ``max_batch`` ×
+sequence lengths from 16 to ``max_seq`` (doubling). Each call is timed with ``perf_counter`` around ``infer`` (the
+same span the batcher's compute metric measures, minus padding and splitting). Each shape is timed twice: calls back
+to back (a busy replica) and calls that each follow ``idle_gap_s`` of sleep (a replica at low load, whose engine
+thread waits between requests: the core idles or runs other work, and the next call starts with cooled caches and a
+core waking up). On a GPU, ``device_capacity`` comes from running 1, 2 and 4 instances at once on one mid-sized
+shape: the best aggregate throughput over one instance's.
 
 The request mix is the load generator's ``texts`` workload tokenized by the model's own tokenizer (truncated
 at ``max_seq``), so simulated batches pad to the lengths real ones do. Per-request CPU costs of the replica
@@ -17,6 +19,7 @@ and the gateway come from :mod:`fleetserve.sim.costs`.
 from __future__ import annotations
 
 import concurrent.futures
+import dataclasses
 import functools
 import random
 import statistics
@@ -41,13 +44,14 @@ class ProfileConfig:
     batch_sizes: tuple[int, ...] = ()  # empty: the engine's batch buckets
     seq_lengths: tuple[int, ...] = ()  # empty: 16, 32, ... up to max_seq
     mix_texts: int = 2000
+    idle_gap_s: float = 0.02  # sleep before each "after idle" call: well past the batcher's max delay
     seed: int = 0
 
     def __post_init__(self) -> None:
         if not 1 <= self.min_repeats <= self.repeats:
             raise ValueError("profile needs 1 <= min_repeats <= repeats")
-        if self.warmup < 0 or self.budget_s <= 0 or self.mix_texts < 1:
-            raise ValueError("profile warmup must be >= 0, budget_s > 0 and mix_texts >= 1")
+        if self.warmup < 0 or self.budget_s <= 0 or self.mix_texts < 1 or self.idle_gap_s < 0:
+            raise ValueError("profile warmup must be >= 0, budget_s > 0, mix_texts >= 1 and idle_gap_s >= 0")
         if any(b < 1 for b in self.batch_sizes) or any(s < 2 for s in self.seq_lengths):
             raise ValueError("profile batch sizes must be >= 1 and sequence lengths >= 2")
 
@@ -78,12 +82,15 @@ def feeds(inputs: Inputs, rows: int, seq: int, rng: random.Random) -> dict[str, 
 
 
 def time_calls(call: Callable[[], object], config: ProfileConfig, clock: Callable[[], float] = time.perf_counter,
-               ) -> ShapeTiming:
+               *, gap_s: float = 0.0, sleep: Callable[[float], None] = time.sleep) -> ShapeTiming:
+    """Time ``call`` after ``warmup`` untimed calls; with ``gap_s``, each timed call follows that much sleep."""
     for _ in range(config.warmup):
         call()
     samples: list[float] = []
     spent = 0.0
     while len(samples) < config.repeats and (len(samples) < config.min_repeats or spent < config.budget_s):
+        if gap_s:
+            sleep(gap_s)
         t0 = clock()
         call()
         dt = clock() - t0
@@ -109,11 +116,12 @@ def measure_grid(
     for b in batch_sizes:
         row = []
         for s in seq_lengths:
-            feed = feeds(inputs, b, s, rng)
-            timing = time_calls(functools.partial(instance_infer, feed), config)
-            progress(f"batch {b:>4} seq {s:>4}: mean {timing.mean_s * 1e3:8.3f} ms  std {timing.std_s * 1e3:7.3f} ms"
-                     f"  ({timing.n} runs)")
-            row.append(timing)
+            call = functools.partial(instance_infer, feeds(inputs, b, s, rng))
+            hot = time_calls(call, config)
+            idle = time_calls(call, config, gap_s=config.idle_gap_s)
+            progress(f"batch {b:>4} seq {s:>4}: mean {hot.mean_s * 1e3:8.3f} ms  std {hot.std_s * 1e3:7.3f} ms"
+                     f"  ({hot.n} runs); after idling {idle.mean_s * 1e3:8.3f} ms  std {idle.std_s * 1e3:7.3f} ms")
+            row.append(dataclasses.replace(hot, idle_mean_s=idle.mean_s, idle_std_s=idle.std_s))
         rows.append(tuple(row))
     return tuple(rows)
 

@@ -1,11 +1,15 @@
 """A simulated replica: its event loop, the product's own batch collator, and engine instances.
 
-A request first costs the replica's event loop ``replica_cpu_s`` (HTTP, JSON, tokenizer) on a FIFO server,
-then joins the real :class:`~fleetserve.batching.collator.Collator`, which decides exactly as in the replica
-process which requests form the next batch and when (sequence buckets, ``max_delay_s``, preferred sizes,
-queue bound). A batch runs on a free engine instance for a service time drawn from the profile for its rows
-and padded length (the longest request, or the bucket for engines that run fixed shapes), scaled by a
-slow-GPU factor when one is injected. A full queue answers 503 at once, like ``Batcher.submit``.
+A request first costs the replica's event loop ``replica_cpu_s`` (HTTP, JSON, tokenizer) on a FIFO server, then
+waits ``replica_wait_s`` taking no core (its server hands it back that late; the profile's wall time at low load
+beyond that CPU: loopback, thread wake-ups and hand-offs; a constant on the path, so where it sits changes no
+queue), then joins the real :class:`~fleetserve.batching.collator.Collator`, which decides exactly as in the replica
+process which requests form the next batch and when (sequence buckets, ``max_delay_s``, preferred sizes, queue
+bound). The collator's timer fires ``timer_lag_s`` late, as the event loop's does. A batch runs on a free engine
+instance for a service time drawn from the profile for its rows and padded length (the longest request, or the
+bucket for engines that run fixed shapes): the back-to-back timing when the instance goes straight from one batch to
+the next, the after-idle timing when it waited for work (any wait); scaled by a slow-GPU factor when one is
+injected. A full queue answers 503 at once, like ``Batcher.submit``.
 
 Lifecycle: ``ready`` → (crash) ``down`` → (restart + cold start) ``ready``; new replicas start in
 ``starting``. A crash drops everything in hand (the gateway sees resets) and refuses connections until the
@@ -44,13 +48,15 @@ class SimReplica:
         self._bucket_of: dict[int, int] = {}  # token count -> sequence bucket, filled as lengths come
         self._pad_to_bucket = profile.pad_to_bucket
         self._sample = ServiceSampler(profile, rng, cache=shapes)
-        self.event_loop = Server(loop, cpu_host, name=f"{name}/loop")
+        self.event_loop = Server(loop, cpu_host, wait_s=profile.replica_wait_s, name=f"{name}/loop")
         self.instances = [
             Server(loop, device_host, demand=profile.threads, name=f"{name}/engine{i}") for i in range(instances)
         ]
         self._idle = list(self.instances)
         self._collator: Collator[Request] = Collator(batcher)
         self._cpu_s = profile.replica_cpu_s
+        self._timer_lag_s = profile.timer_lag_s
+        self._freed_at: dict[Server, float] = {}  # when each instance last finished a batch
         self._timeout_s = batcher.default_timeout_s
         self._wake_token = 0
         self._wake_at: float | None = None
@@ -75,12 +81,15 @@ class SimReplica:
     def receive(self, request: Request) -> None:
         """A request arrived over an accepted connection."""
         if self._cpu_s:
-            self.event_loop.submit(self._cpu_s, self._decoded, request)
+            self.event_loop.submit(self._cpu_s, self._decoded, request)  # handed back after the wait
+        elif self.event_loop.wait_s:
+            self.loop.after(self.event_loop.wait_s, self._decoded, request)
         else:
             self._decoded(request)
 
     def _decoded(self, request: Request) -> None:
-        if self.state != READY:
+        if self.state != READY:  # crashed while the request was on its way in: the connection was reset
+            request.reply(request, RESET, self)
             return
         bucket = self._bucket_of.get(request.tokens)
         if bucket is None:
@@ -117,6 +126,8 @@ class SimReplica:
                 break
             self._dispatch(decision.batch)
         wake = decision.wake_at
+        if wake is not None and self._timer_lag_s:
+            wake += self._timer_lag_s
         if wake is not None and wake > now and (self._wake_at is None or wake < self._wake_at or self._wake_at <= now):
             self._wake_at = wake
             self._wake_token += 1
@@ -140,11 +151,13 @@ class SimReplica:
         self.inflight_rows += rows
         self.batches += 1
         self.batched_rows += rows
-        instance.submit(self._sample(rows, seq) * self.slow_factor, self._ran, (instance, entries, rows))
+        idle = self._freed_at.get(instance) != self.loop.now  # not straight on from its last batch
+        instance.submit(self._sample(rows, seq, idle) * self.slow_factor, self._ran, (instance, entries, rows))
 
     def _ran(self, job: tuple[Server, tuple[Pending[Request], ...], int]) -> None:
         instance, entries, rows = job
         self.inflight_rows -= rows
+        self._freed_at[instance] = self.loop.now
         self._idle.append(instance)
         for entry in entries:
             request = entry.payload

@@ -28,8 +28,12 @@ def test_profile_measures_the_tiny_engine_and_a_real_replica_and_gateway(tmp_pat
     profile = Profile.load(out)
     assert profile.batch_sizes == (1, 4) and profile.seq_lengths == (16, 64)
     assert all(t.n == 3 and t.mean_s > 0 for row in profile.service for t in row)
+    assert all(t.idle_mean_s is not None and t.idle_mean_s > 0 for row in profile.service for t in row)
     # Real processes answered: CPU per request and a cold start were measured, not defaulted.
     assert 0 < profile.replica_cpu_s < 0.1 and 0 < profile.gateway_cpu_s < 0.1
+    # Wall times at low load hold the CPU and more (the client, loopback, wake-ups), well under a second.
+    assert profile.replica_cpu_s <= profile.replica_wall_s < 1 and profile.gateway_cpu_s <= profile.gateway_wall_s < 1
+    assert 0 <= profile.timer_lag_s < 1
     assert profile.cold_start_s is not None and profile.cold_start_s > 0
     assert profile.cost_per_hour == 0.5 and profile.derived_from is None
     # The benchmark's text mix through tiny's tokenizer (its small vocabulary splits many words into pieces).

@@ -6,7 +6,8 @@ import os
 
 import pytest
 
-from fleetserve.sim.costs import replica_overhead, thread_cpu_seconds
+from fleetserve.errors import FleetserveError
+from fleetserve.sim.costs import LowLoad, replica_overhead, stage_mean, stage_sums, thread_cpu_seconds
 
 
 def test_the_engine_thread_is_the_busiest_one_besides_the_main_thread() -> None:
@@ -23,3 +24,23 @@ def test_a_process_without_other_threads_is_all_overhead() -> None:
 def test_thread_cpu_reads_this_process() -> None:
     threads = thread_cpu_seconds(os.getpid())
     assert os.getpid() in threads and all(cpu >= 0 for cpu in threads.values())
+
+
+def test_stage_means_come_from_the_replicas_histogram_between_two_scrapes() -> None:
+    def text(queue: tuple[float, int], compute: tuple[float, int]) -> str:
+        lines = ["# HELP fleetserve_request_duration_seconds Request time by stage",
+                 "# TYPE fleetserve_request_duration_seconds histogram"]
+        for stage, (total, count) in (("queue", queue), ("compute", compute)):
+            lines += [f'fleetserve_request_duration_seconds_bucket{{le="+Inf",model="m",stage="{stage}"}} {count}',
+                      f'fleetserve_request_duration_seconds_count{{model="m",stage="{stage}"}} {count}',
+                      f'fleetserve_request_duration_seconds_sum{{model="m",stage="{stage}"}} {total}']
+        return "\n".join(lines) + "\n"
+
+    before = stage_sums(text((0.5, 100), (1.0, 100)))
+    after = stage_sums(text((0.75, 200), (1.5, 200)))
+    assert stage_mean(before, after, "queue") == pytest.approx(0.0025)
+    assert stage_mean(before, after, "compute") == pytest.approx(0.005)
+    with pytest.raises(FleetserveError, match="no 'queue' time"):
+        stage_mean(after, after, "queue")
+    # What a request spent outside the batcher's queue and the engine.
+    assert LowLoad(0.010, 0.0025, 0.005, 50).outside_s == pytest.approx(0.0025)

@@ -39,6 +39,18 @@ def test_the_fast_path_and_the_general_path_agree() -> None:
         assert busy == [pytest.approx(0.7)]
 
 
+def test_a_job_is_handed_back_after_its_wait_without_holding_up_the_next() -> None:
+    for interruptible in (False, True):  # the fast path and the general path
+        loop = EventLoop()
+        server = Server(loop, Host(loop, 1.0), wait_s=0.25)
+        if interruptible:
+            server.interruptible()
+        done = _finishes(loop, server, [1.0, 2.0])
+        loop.run()
+        assert done == [pytest.approx(1.25), pytest.approx(3.25)]  # the second job started at 1.0, not 1.25
+        assert server.busy_seconds() == pytest.approx(3.0)
+
+
 def test_a_fast_path_server_refuses_faults() -> None:
     loop = EventLoop()
     server = Server(loop, Host(loop, 1.0))

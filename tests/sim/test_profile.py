@@ -39,6 +39,42 @@ def test_samples_have_the_profiled_mean_and_spread() -> None:
     assert ServiceSampler(linear_profile(base_s=0.002), random.Random(1))(4, 16) == 0.002
 
 
+def test_a_call_after_idling_takes_the_idle_timing_when_measured() -> None:
+    measured = linear_profile(base_s=0.002, idle_extra_s=0.0005)
+    assert measured.timing(1, 32, idle=True)[0] == pytest.approx(0.0025)
+    assert measured.timing(1, 32)[0] == pytest.approx(0.002)
+    sample = ServiceSampler(measured, random.Random(1))
+    assert (sample(1, 32), sample(1, 32, idle=True), sample(1, 32)) == pytest.approx((0.002, 0.0025, 0.002))
+    # A profile recorded before idle calls were timed costs the same either way.
+    assert linear_profile(base_s=0.002).timing(1, 32, idle=True)[0] == pytest.approx(0.002)
+
+
+def test_waiting_beyond_the_cpu_is_the_wall_time_less_the_cpu_never_negative() -> None:
+    p = linear_profile(replica_cpu_s=0.001, replica_wall_s=0.003, gateway_cpu_s=0.001, gateway_wall_s=0.0005)
+    assert p.replica_wait_s == pytest.approx(0.002)
+    assert p.gateway_wait_s == 0.0  # measured below its CPU (noise): no negative wait
+    assert linear_profile(replica_cpu_s=0.001).replica_wait_s == 0.0  # not measured
+
+
+def test_an_idle_timing_needs_both_its_mean_and_spread() -> None:
+    with pytest.raises(ValueError, match="idle_mean_s"):
+        ShapeTiming(0.001, 0.0, 0.001, 0.001, 3, idle_mean_s=0.002)
+    with pytest.raises(ValueError, match="wall times"):
+        linear_profile(replica_wall_s=-0.001)
+
+
+def test_a_profile_from_before_wall_times_and_idle_timings_still_loads() -> None:
+    data = linear_profile(idle_extra_s=0.001, replica_wall_s=0.002, timer_lag_s=0.0003).to_json()
+    for key in ("replica_wall_s", "gateway_wall_s", "timer_lag_s"):
+        del data[key]
+    for row in data["service"]:
+        for timing in row:
+            del timing["idle_mean_s"], timing["idle_std_s"]
+    old = Profile.from_json(json.loads(json.dumps(data)))
+    assert (old.replica_wall_s, old.gateway_wall_s, old.timer_lag_s) == (0.0, 0.0, 0.0)
+    assert old.service[0][0].idle_mean_s is None and old.timing(1, 16, idle=True) == old.timing(1, 16)
+
+
 def test_length_mix_draws_in_proportion_to_weights() -> None:
     mix = LengthMix((10, 100), (3.0, 1.0))
     draw = mix.sampler(random.Random(3))
@@ -49,7 +85,8 @@ def test_length_mix_draws_in_proportion_to_weights() -> None:
 
 
 def test_a_profile_survives_a_json_round_trip(tmp_path: Path) -> None:
-    p = linear_profile(cv=0.1, name="gpu-a", cost_per_hour=2.5)
+    p = linear_profile(cv=0.1, name="gpu-a", cost_per_hour=2.5, idle_extra_s=0.0002, replica_cpu_s=0.001,
+                       replica_wall_s=0.002, gateway_wall_s=0.001, timer_lag_s=0.0003)
     path = tmp_path / "p.json"
     p.save(path)
     assert Profile.load(path) == p

@@ -50,6 +50,27 @@ def test_a_lone_request_waits_for_the_batchers_delay() -> None:
     assert result.p("p50") == pytest.approx(0.003, abs=1e-6)
 
 
+def test_a_lone_request_pays_every_measured_part_once() -> None:
+    """Gateway CPU and wait, replica CPU and wait, the batcher's delay and its timer's lag, an idle engine call."""
+    profile = linear_profile(base_s=0.004, idle_extra_s=0.001, gateway_cpu_s=0.001, gateway_wall_s=0.0025,
+                             replica_cpu_s=0.0015, replica_wall_s=0.002, timer_lag_s=0.0003)
+    result = simulate(_config(1, 5.0, batcher=BatcherConfig(max_batch=8, max_delay_s=0.002),
+                              groups=(ReplicaGroup(profile, 1),), requests=200))
+    expected = 0.0025 + 0.002 + 0.002 + 0.0003 + 0.005
+    assert result.p("p50") == pytest.approx(expected, abs=1e-6)
+
+
+def test_an_engine_straight_on_from_a_batch_runs_at_the_back_to_back_speed() -> None:
+    """Requests arriving while the engine is busy queue up; the batches that go straight on cost the
+    back-to-back timing, only the one after an idle spell the after-idle timing."""
+    profile = linear_profile(base_s=0.004, idle_extra_s=0.003)
+    lone = simulate(_config(1, 5.0, batcher=NO_BATCHING, groups=(ReplicaGroup(profile, 1),), requests=200))
+    busy = simulate(_config(1, 200.0, batcher=NO_BATCHING, groups=(ReplicaGroup(profile, 1),), requests=4000))
+    assert lone.p("p50") == pytest.approx(0.007, abs=1e-6)
+    # Busy time per request: were every call an idle one (7 ms), 200 req/s would need 1.4 engines.
+    assert busy.error_count == 0 and busy.utilisation / 200.0 < 0.0055
+
+
 def test_batches_grow_with_load() -> None:
     batching = BatcherConfig(max_batch=32, max_delay_s=0.002)
     profile = linear_profile(base_s=0.001, per_row_s=0.0002)

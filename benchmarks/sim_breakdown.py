@@ -1,0 +1,262 @@
+"""Where a request's time goes in a real replica (and gateway) at low load, next to what the simulator models.
+
+One real ``minilm`` int8 replica (``fleetserve serve --threads 1``, as ``fleetserve up`` runs it on this
+machine), then the same replica behind ``fleetserve gateway``; each under the ``texts`` workload with short
+texts only (``--long-fraction 0``: 5-30 words, so every batch is one sequence bucket) at one request in flight
+(closed loop) and open loop at ``--rate``. For each run it reads, from the product's own Prometheus metrics
+(scraped before and after), the mean of each stage:
+
+- the load generator's latency (what the client sees, from the schedule in open loop) and its schedule lag;
+- the gateway's request time (head read to response written) and its upstream attempt time;
+- the replica's request time (``stage=total``: the HTTP handler, body read to answer written), the batcher's
+  queue wait (``stage=queue``, max-delay included) and the engine call (``stage=compute``);
+
+and the differences between nested stages: client ↔ gateway (the client's own send/receive, the kernel, the
+gateway's HTTP parsing before its timer starts), gateway ↔ upstream (the gateway's routing and proxy work),
+upstream ↔ replica handler (the replica's HTTP parsing and the loopback), handler − queue − compute
+(JSON, tokenisation on its thread, thread hand-offs, splitting, encoding). Per-thread CPU of the replica
+(``/proc``) says which of those are CPU and which are waiting.
+
+The simulator runs the same case (one replica, same length mix, the measured profile) and prints its
+latency, so the missing part shows as one line.
+
+    PYTHONPATH=. .venv/bin/python benchmarks/sim_breakdown.py --profile benchmarks/profiles/minilm-int8-cpu.json
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import contextlib
+import os
+import sys
+import time
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+from dataclasses import dataclass
+from pathlib import Path
+
+from prometheus_client.parser import text_string_to_metric_families
+
+from fleetserve.batching.config import BatcherConfig
+from fleetserve.bench.loadgen import LoadConfig, run_load
+from fleetserve.bench.report import LoadReport
+from fleetserve.bench.scenarios import tree_cpu_seconds
+from fleetserve.deploy.local import free_port
+from fleetserve.fleet.supervisor import http_ok
+from fleetserve.sim.arrivals import ArrivalConfig
+from fleetserve.sim.config import ReplicaGroup, SimConfig
+from fleetserve.sim.costs import thread_cpu_seconds
+from fleetserve.sim.gateway import BalancerConfig
+from fleetserve.sim.profile import LengthMix, Profile
+from fleetserve.sim.simulator import simulate
+
+CLI = [sys.executable, "-m", "fleetserve.cli"]
+SHORT_MAX_TOKENS = 40  # the texts workload's short texts tokenize to 7-34 tokens
+LONG = [0.0]
+
+
+def scrape(url: str) -> dict[str, tuple[float, float]]:
+    """(sum, count) of every histogram in ``url``'s /metrics, keyed ``name{label=value,...}``."""
+    import urllib.request
+
+    text = urllib.request.urlopen(f"{url}/metrics", timeout=5).read().decode()
+    out: dict[str, list[float]] = {}
+    for family in text_string_to_metric_families(text):
+        if family.type != "histogram":
+            continue
+        for s in family.samples:
+            if s.name.endswith(("_sum", "_count")):
+                labels = ",".join(f"{k}={v}" for k, v in sorted(s.labels.items()) if k not in ("model", "backend"))
+                key = f"{family.name}{{{labels}}}"
+                pair = out.setdefault(key, [0.0, 0.0])
+                pair[0 if s.name.endswith("_sum") else 1] += s.value
+    return {k: (v[0], v[1]) for k, v in out.items()}
+
+
+def means(before: dict[str, tuple[float, float]], after: dict[str, tuple[float, float]]) -> dict[str, float]:
+    out = {}
+    for key, (s1, c1) in after.items():
+        s0, c0 = before.get(key, (0.0, 0.0))
+        if c1 > c0:
+            out[key] = (s1 - s0) / (c1 - c0)
+    return out
+
+
+@asynccontextmanager
+async def process(argv: list[str], ready_url: str) -> AsyncIterator[int]:
+    proc = await asyncio.create_subprocess_exec(*argv, stdout=asyncio.subprocess.DEVNULL,
+                                                stderr=asyncio.subprocess.DEVNULL)
+    try:
+        deadline = time.monotonic() + 300
+        while not await asyncio.to_thread(http_ok, ready_url):
+            if proc.returncode is not None or time.monotonic() > deadline:
+                raise RuntimeError(f"{argv[3:5]} did not become ready")
+            await asyncio.sleep(0.1)
+        yield proc.pid
+    finally:
+        proc.terminate()
+        await proc.wait()
+
+
+@dataclass
+class Run:
+    name: str
+    report: LoadReport
+    stages: dict[str, float]
+    replica_cpu: dict[str, float]  # per request, by thread kind
+    gateway_cpu: float
+
+
+def thread_names(pid: int) -> dict[int, str]:
+    out = {}
+    for tid in os.listdir(f"/proc/{pid}/task"):
+        try:
+            out[int(tid)] = Path(f"/proc/{pid}/task/{tid}/comm").read_text().strip()
+        except OSError:
+            continue
+    return out
+
+
+def scrape_all(urls: list[str]) -> dict[str, tuple[float, float]]:
+    """Histograms of several processes, summed."""
+    out: dict[str, tuple[float, float]] = {}
+    for url in urls:
+        for key, (total, count) in scrape(url).items():
+            s0, c0 = out.get(key, (0.0, 0.0))
+            out[key] = (s0 + total, c0 + count)
+    return out
+
+
+async def one_run(name: str, url: str, replica_urls: list[str], rpids: list[int], gpid: int | None,
+                  rate: float | None, duration: float) -> Run:
+    load = LoadConfig(url=url, rate=rate, concurrency=None if rate else 1, duration_s=duration, warmup_s=1.0,
+                      workload="texts", long_fraction=LONG[0])
+    await run_load(LoadConfig(url=url, concurrency=1, duration_s=1.0, workload="texts", long_fraction=LONG[0]))
+    urls = replica_urls + ([url] if gpid else [])
+    before = scrape_all(urls)
+    t0 = {pid: thread_cpu_seconds(pid) for pid in rpids}
+    g0 = tree_cpu_seconds(gpid) if gpid else 0.0
+    report = await run_load(load)
+    t1 = {pid: thread_cpu_seconds(pid) for pid in rpids}
+    g1 = tree_cpu_seconds(gpid) if gpid else 0.0
+    after = scrape_all(urls)
+    sent = max(1, report.sent)
+    cpu: dict[str, float] = {}
+    for pid in rpids:
+        names = thread_names(pid)
+        for tid, c in t1[pid].items():
+            kind = "event loop" if tid == pid else names.get(tid, "?").rstrip("_0123456789")
+            cpu[kind] = cpu.get(kind, 0.0) + (c - t0[pid].get(tid, 0.0)) / sent
+    return Run(name, report, means(before, after), cpu, (g1 - g0) / sent)
+
+
+def predict(profile: Profile, rate: float, gateway: bool, replicas: int = 1) -> tuple[float, float, float]:
+    """The simulator's (mean, p50, p99) seconds for the case: one replica, short texts, Poisson at ``rate``."""
+    mix = profile.lengths
+    keep = [(v, w) for v, w in zip(mix.values, mix.weights, strict=True) if (v > SHORT_MAX_TOKENS) == (LONG[0] == 1)]
+    lengths = LengthMix(tuple(v for v, _ in keep), tuple(w for _, w in keep)) if LONG[0] in (0, 1) else mix
+    config = SimConfig(
+        groups=(ReplicaGroup(profile, replicas),), arrivals=ArrivalConfig("poisson", rate=rate), requests=3000,
+        warmup_s=1.0, balancer=BalancerConfig(health_interval_s=1.0),
+        batcher=BatcherConfig(max_batch=32, max_delay_s=0.002), lengths=lengths,
+        gateway_cpu_s=None if gateway else 0.0, gateway_wait_s=None if gateway else 0.0,
+        shared_host_cores=float(os.cpu_count() or 1),
+    )
+    result = simulate(config)
+    print(f"(simulated mean batch {result.mean_batch:.2f})")
+    return result.latency_s["mean"], result.p("p50"), result.p("p99")
+
+
+def show(run: Run) -> None:
+    r = run.report
+    ms = 1e3
+    s = run.stages
+    client = r.latency_s["mean"]
+    print(f"\n## {run.name}: {r.achieved_rps:.1f} req/s, client p50 {r.percentile(50) * ms:.2f} ms, "
+          f"p99 {r.percentile(99) * ms:.2f} ms, from send: mean {r.service_latency_s['mean'] * ms:.2f} ms; "
+          f"schedule lag mean {r.schedule_lag_mean_s * ms:.2f} ms")
+    gw = s.get("fleetserve_gateway_request_duration_seconds{}")
+    up = s.get("fleetserve_gateway_upstream_duration_seconds{}")
+    total = s.get("fleetserve_request_duration_seconds{stage=total}", 0.0)
+    queue = s.get("fleetserve_request_duration_seconds{stage=queue}", 0.0)
+    compute = s.get("fleetserve_request_duration_seconds{stage=compute}", 0.0)
+    print("| part | mean ms |\n|---|---|")
+    print(f"| client latency (load generator) | {client * ms:.2f} |")
+    outer = client
+    if gw is not None and up is not None:
+        print(f"| client - gateway request time (client, kernel, gateway HTTP parse) | {(client - gw) * ms:.2f} |")
+        print(f"| gateway request - upstream attempt (gateway routing, proxying) | {(gw - up) * ms:.2f} |")
+        outer = up
+        print(f"| upstream attempt - replica handler (replica HTTP, loopback) | {(up - total) * ms:.2f} |")
+    else:
+        print(f"| client - replica handler (client, kernel, replica HTTP parse) | {(outer - total) * ms:.2f} |")
+    print(f"| replica handler - queue - compute (JSON, tokenise, thread hops, encode) | "
+          f"{(total - queue - compute) * ms:.2f} |")
+    print(f"| batcher queue wait (max-delay included) | {queue * ms:.2f} |")
+    print(f"| engine call | {compute * ms:.2f} |")
+    print(f"mean batch {s.get('fleetserve_batch_size{}', 0.0):.2f} rows")
+    cpu = ", ".join(f"{k} {v * 1e6:.0f}" for k, v in sorted(run.replica_cpu.items(), key=lambda kv: -kv[1]) if v)
+    print(f"replica CPU us/request: {cpu}" + (f"; gateway CPU {run.gateway_cpu * 1e6:.0f} us/request"
+                                            if run.gateway_cpu else ""))
+
+
+def serve(port: int) -> list[str]:
+    return [*CLI, "serve", "minilm", "--precision", "int8", "--threads", "1", "--host", "127.0.0.1",
+            "--port", str(port), "--grpc-port", "0"]
+
+
+async def main_async(args: argparse.Namespace) -> list[Run]:
+    ports = [free_port() for _ in range(args.replicas)]
+    urls = [f"http://127.0.0.1:{p}" for p in ports]
+    gport = free_port()
+    gateway_url = f"http://127.0.0.1:{gport}"
+    runs: list[Run] = []
+    async with contextlib.AsyncExitStack() as stack:
+        rpids = [await stack.enter_async_context(process(serve(p), f"{u}/v2/health/ready"))
+                 for p, u in zip(ports, urls, strict=True)]
+        if args.replicas == 1:
+            for rate in (None, args.rate):
+                name = f"replica alone, {'1 in flight' if rate is None else f'{rate:g} req/s Poisson'}"
+                runs.append(await one_run(name, urls[0], urls, rpids, None, rate, args.duration))
+                show(runs[-1])
+        if args.skip_gateway:
+            return runs
+        gateway = [*CLI, "gateway", *(a for u in urls for a in ("--backend", u)), "--host", "127.0.0.1",
+                   "--port", str(gport), "--health-interval", "1"]
+        gpid = await stack.enter_async_context(process(gateway, f"{gateway_url}/readyz"))
+        for rate in (None, args.rate):
+            name = (f"gateway + {args.replicas} replica(s), "
+                    f"{'1 in flight' if rate is None else f'{rate:g} req/s Poisson'}")
+            runs.append(await one_run(name, gateway_url, urls, rpids, gpid, rate, args.duration))
+            show(runs[-1])
+    return runs
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--profile", type=Path, required=True)
+    ap.add_argument("--rate", type=float, default=25.0, help="open-loop rate (30%% of one replica is ~25)")
+    ap.add_argument("--duration", type=float, default=10.0)
+    ap.add_argument("--long-fraction", type=float, default=0.0)
+    ap.add_argument("--skip-gateway", action="store_true")
+    ap.add_argument("--replicas", type=int, default=1)
+    args = ap.parse_args()
+    LONG[0] = args.long_fraction
+    profile = Profile.load(args.profile)
+    mix = profile.lengths
+    for name, keep in (("short", lambda v: v <= SHORT_MAX_TOKENS), ("long", lambda v: v > SHORT_MAX_TOKENS)):
+        pairs = [(v, w) for v, w in zip(mix.values, mix.weights, strict=True) if keep(v)]
+        mean = sum(w * profile.timing(1, v)[0] for v, w in pairs) / sum(w for _, w in pairs)
+        print(f"profile: mean engine call at batch 1 over the {name} texts: {mean * 1e3:.2f} ms")
+    print(f"# request breakdown, {os.cpu_count()} cores, {time.strftime('%Y-%m-%d %H:%M %Z')}, "
+          f"load average {' '.join(Path('/proc/loadavg').read_text().split()[:3])}")
+    asyncio.run(main_async(args))
+    for gateway in (False, True):
+        mean, p50, p99 = predict(profile, args.rate, gateway, args.replicas)
+        print(f"simulator, {'gateway + ' if gateway else ''}replica, {args.rate:g} req/s, long fraction {LONG[0]:g}: "
+              f"mean {mean * 1e3:.2f} ms, p50 {p50 * 1e3:.2f} ms, p99 {p99 * 1e3:.2f} ms")
+
+
+if __name__ == "__main__":
+    main()
