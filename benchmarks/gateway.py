@@ -9,7 +9,7 @@ nothing (direct) — driven open loop by ``fleetserve bench`` machinery, with on
    front CPU per request (all routing, health checking, retry and metrics features on in our gateway).
 2. throttled: four replicas, replica 0 SIGSTOPped 80 ms of every 100 ms while still passing health checks
    (the seed's overheating GPU), load at ~60% of fleet capacity: every policy, the default policy with
-   hedging on (p99), NGINX round-robin and least_conn, HAProxy leastconn, Envoy LEAST_REQUEST and
+   hedging off (``--hedge-percentile 0``; it is on by default), NGINX round-robin and least_conn, HAProxy leastconn, Envoy LEAST_REQUEST and
    client-side WRR, against the all-healthy p99.
 3. crash: SIGKILL replica 0 under load, through our gateway and through Envoy; errors, time until the front
    stops routing to it, time until the restarted replica is back in rotation.
@@ -129,7 +129,7 @@ async def main(args: argparse.Namespace) -> list[ScenarioResult]:
     if "throttled" in only:
         healthy = await run(fault="none", rate=rate)
         throttled = [await run(fault="throttle", policy=p, rate=rate) for p in policy_names()]
-        throttled.append(await run(fault="throttle", rate=rate, gateway_args=("--hedge-percentile", "99")))
+        throttled.append(await run(fault="throttle", rate=rate, gateway_args=("--hedge-percentile", "0")))
         throttled += [await run(fault="throttle", front=f, rate=rate)
                       for f in ("nginx-round-robin", "nginx-least-conn", "haproxy-leastconn", *ENVOY) if installed(f)]
         print("\n### throttled replica (80 ms of every 100 ms stopped)\n" + table([healthy, *throttled]))
@@ -170,9 +170,10 @@ async def main(args: argparse.Namespace) -> list[ScenarioResult]:
         else:
             parted = []
             for fault in ("partition-drop", "partition-delay"):
-                # Hedging rescues requests already sent into the silent link; without it they wait out the client.
+                # Hedging (on by default) rescues requests already sent into the silent link; without it they
+                # wait out their per-try timeout.
                 parted.append(await run(fault=fault, rate=rate))
-                parted.append(await run(fault=fault, rate=rate, gateway_args=("--hedge-percentile", "99")))
+                parted.append(await run(fault=fault, rate=rate, gateway_args=("--hedge-percentile", "0")))
                 parted += [await run(fault=fault, rate=rate, front=f) for f in envoy]
             print("\n### network partition of replica 0 (packets dropped / delayed 2 s each way)\n"
                   + table(parted, ("out_after_s", "back_after_s")))

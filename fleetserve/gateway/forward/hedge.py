@@ -7,14 +7,15 @@ stalled server (a throttling GPU, a GC pause, a SIGSTOPped process) would otherw
 ``BackupRequestFilter`` does the same with a sliding-window latency percentile and a budget of extra
 load (``maxExtraLoad``), and Envoy's ``hedge_policy`` races a second try after a per-try timeout.
 
-Hedging is opt-in (``--hedge-percentile 99``; 0, the default, is off), like Envoy's. On the
-throttled-replica scenario of ``benchmarks/gateway.py`` (BENCHMARKS.md §4, a 16-core host) the default
-balancer alone kept p99 within 1.5× of the all-healthy p99 in four runs of five, and hedging's effect
-varied from run to run: at p95 it sent about 5% of requests twice and the extra work raised the p99 it
-meant to cut; at p99 it bounded p99.9 in two runs and, in a third, before losers were penalised (see
-:meth:`~fleetserve.gateway.balance.load.EndpointLoad.outpaced`), let the balancer keep feeding the stalled
-replica. Use it where the tail comes from stalls inside replicas (GC pauses, preemption) rather than
-from load, and measure.
+Hedging is on by default at the 99th percentile, toward idle replicas only (``--hedge-spare-only``);
+``--hedge-percentile 0`` turns it off (Envoy's is opt-in). On the throttled-replica scenario of
+``benchmarks/gateway.py`` on a quiet 2-core box (BENCHMARKS.md §4.5, three runs) it kept the throttled
+p99.9 at 0.97–1.08× the all-healthy p99.9, against 2.3–3.55× without it, and moved the all-healthy p99 at
+60% load by +6% and −1%; hedging toward any replica instead cost up to +33% there, which is why a hedge
+goes only to a replica with nothing outstanding: near saturation there is none, and hedging stops by
+itself. Earlier runs, before that rule and before losers were penalised (see
+:meth:`~fleetserve.gateway.balance.load.EndpointLoad.outpaced`), varied from run to run and raised the p99
+at higher load, which is why it used to be opt-in.
 
 Here:
 
@@ -59,9 +60,9 @@ def hedgeable(method: str, path: str) -> bool:
 
 @dataclass(frozen=True)
 class HedgeConfig:
-    """``percentile`` 0 (the default) turns hedging off; 99 is the setting measured best."""
+    """``percentile`` 99 (the default) is the setting measured best; 0 turns hedging off."""
 
-    percentile: float = option(0.0, "hedge an inference call on another replica once it is slower than this "
+    percentile: float = option(99.0, "hedge an inference call on another replica once it is slower than this "
                                "percentile of the route's recent latencies, e.g. 99; 0: never",
                                flag="--hedge-percentile")
     min_delay_ms: float = 1.0

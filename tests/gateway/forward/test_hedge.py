@@ -97,8 +97,9 @@ def test_hedger_bounds_the_number_of_windows() -> None:
     assert len(hedger._windows) <= 65
 
 
-def test_hedging_is_off_unless_asked_for() -> None:
-    assert not HedgeConfig().enabled
+def test_hedging_is_on_by_default_at_p99_toward_idle_replicas_only() -> None:
+    config = HedgeConfig()
+    assert config.enabled and config.percentile == 99 and config.spare_only
 
 
 def test_percentile_zero_turns_hedging_off() -> None:
