@@ -11,6 +11,7 @@ to each request's own length; other outputs (e.g. ``sentence_embedding``) are on
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
@@ -101,33 +102,41 @@ class TensorLayout:
         return Request(arrays, rows, seq)
 
     def _check(self, spec: TensorSpec, value: object) -> np.ndarray:
-        try:
-            array = np.asarray(value)
-        except (ValueError, TypeError) as exc:
-            raise InvalidInput(f"input {spec.name!r} is not a rectangular numeric array: {exc}") from None
-        if array.ndim != len(spec.shape):
+        array = value if type(value) is np.ndarray else self._as_array(spec, value)
+        shape = array.shape
+        if len(shape) != len(spec.shape):
             raise InvalidInput(
-                f"input {spec.name!r} has rank {array.ndim} (shape {list(array.shape)}); "
+                f"input {spec.name!r} has rank {array.ndim} (shape {list(shape)}); "
                 f"expected rank {len(spec.shape)} {_shape(spec)}"
             )
-        for axis, (got, want) in enumerate(zip(array.shape, spec.shape, strict=True)):
+        for axis, (got, want) in enumerate(zip(shape, spec.shape, strict=True)):
             if got == 0:
-                raise InvalidInput(f"input {spec.name!r} has an empty dimension {axis} (shape {list(array.shape)})")
+                raise InvalidInput(f"input {spec.name!r} has an empty dimension {axis} (shape {list(shape)})")
             if want != -1 and got != want:
                 raise InvalidInput(f"input {spec.name!r} has size {got} in dimension {axis}; expected {want}")
         target = self._dtypes[spec.name]
-        if array.dtype.kind not in "biuf" or not np.can_cast(array.dtype, target, casting="same_kind"):
+        same_kind, safe = _cast_rule(array.dtype, target)
+        if not same_kind:
             raise InvalidInput(f"input {spec.name!r} has dtype {array.dtype}, which cannot be cast to {spec.datatype}")
-        if spec.value_limit is not None and array.size and (array.min() < 0 or array.max() >= spec.value_limit):
+        if spec.value_limit is not None and not _within(array, spec.value_limit):
             # An out-of-range index would fail the whole batch inside the engine, other requests with it.
             raise InvalidInput(f"input {spec.name!r} has values outside 0..{spec.value_limit - 1}")
-        if target.kind in "iu" and not np.can_cast(array.dtype, target, casting="safe"):
+        if array.dtype == target and array.flags.c_contiguous:
+            return array
+        if not safe:
             # A narrowing integer cast must not silently wrap token ids around.
             cast = np.ascontiguousarray(array, dtype=target)
             if not np.array_equal(cast, array):
                 raise InvalidInput(f"input {spec.name!r} has values outside the {spec.datatype} range")
             return cast
         return np.ascontiguousarray(array, dtype=target)
+
+    @staticmethod
+    def _as_array(spec: TensorSpec, value: object) -> np.ndarray:
+        try:
+            return np.asarray(value)
+        except (ValueError, TypeError) as exc:
+            raise InvalidInput(f"input {spec.name!r} is not a rectangular numeric array: {exc}") from None
 
     def collate(self, requests: Sequence[Request], seq: int) -> dict[str, np.ndarray]:
         """Stack requests row-wise; sequence inputs are zero-padded to ``seq`` columns."""
@@ -185,3 +194,22 @@ class TensorLayout:
             for name, spec in self._inputs.items()
         }
         return Request(arrays, rows, seq if self.sequence_inputs else 0)
+
+
+@functools.cache
+def _cast_rule(source: np.dtype[np.generic], target: np.dtype[np.generic]) -> tuple[bool, bool]:
+    """(an input of dtype ``source`` is accepted for ``target``, casting it cannot change a value): numeric
+    kinds only, ``same_kind``; integer narrowings are then checked value by value."""
+    accepted = source.kind in "biuf" and bool(np.can_cast(source, target, casting="same_kind"))
+    return accepted, target.kind not in "iu" or bool(np.can_cast(source, target, casting="safe"))
+
+
+def _within(array: np.ndarray, limit: int) -> bool:
+    """Whether every value of a non-empty ``array`` lies in ``0..limit-1``. Signed integers are read as
+    unsigned ones of the same width, so one ``max`` also catches negative values (they read as huge)."""
+    kind = array.dtype.kind
+    if kind == "i":
+        return int(array.view(f"u{array.dtype.itemsize}").max()) < limit
+    if kind in "ub":
+        return int(array.max()) < limit
+    return bool(array.min() >= 0) and bool(array.max() < limit)

@@ -79,6 +79,37 @@ def test_narrowing_integer_casts_must_not_wrap() -> None:
         layout(narrow).validate({"input_ids": np.full((1, 2), 2**40, np.int64)})
 
 
+
+@pytest.mark.parametrize("dtype", [np.int64, np.int32, np.int8, np.uint16])
+@pytest.mark.parametrize(("value", "accepted"), [(0, True), (9, True), (10, False), (-1, False), (-128, False)])
+def test_token_ids_must_lie_below_the_limit_whatever_their_dtype(dtype: type, value: int, accepted: bool) -> None:
+    limited = (TensorSpec("input_ids", "INT64", (-1, -1), value_limit=10),)
+    if value < 0 and np.dtype(dtype).kind == "u":
+        pytest.skip("no negative values in an unsigned array")
+    ids = np.array([[1, value, 2]], dtype=dtype)
+    if accepted:
+        assert layout(limited).validate({"input_ids": ids}).arrays["input_ids"].tolist() == [[1, value, 2]]
+    else:
+        with pytest.raises(InvalidInput, match="'input_ids' has values outside 0..9"):
+            layout(limited).validate({"input_ids": ids})
+
+
+@pytest.mark.parametrize(("value", "accepted"), [(9.0, True), (10.0, False), (-1.0, False), (np.nan, False)])
+def test_float_inputs_with_a_limit_are_checked_too(value: float, accepted: bool) -> None:
+    limited = (TensorSpec("ids", "FP32", (-1, -1), value_limit=10),)
+    ids = np.array([[1.0, value]], dtype=np.float32)
+    if accepted:
+        assert layout(limited).validate({"ids": ids}).rows == 1
+    else:
+        with pytest.raises(InvalidInput, match="'ids' has values outside 0..9"):
+            layout(limited).validate({"ids": ids})
+
+
+def test_an_input_already_in_the_engine_dtype_is_not_copied() -> None:
+    ids, mask = pair(1, 3)["input_ids"], pair(1, 3)["attention_mask"]
+    arrays = layout().validate({"input_ids": ids, "attention_mask": mask}).arrays
+    assert arrays["input_ids"] is ids and arrays["attention_mask"] is mask
+
 @pytest.mark.parametrize(
     ("spec", "message"),
     [
