@@ -21,7 +21,7 @@ import orjson
 from aiohttp import web
 
 from fleetserve.errors import InvalidInput, PayloadTooLarge
-from fleetserve.models.tokenizer import TextTokenizer
+from fleetserve.models.tokenizer import Encoded, TextTokenizer
 from fleetserve.replica.deadline import forwarded_deadline
 from fleetserve.replica.kserve_http import guarded
 from fleetserve.replica.model import ServedModel
@@ -67,6 +67,10 @@ class TextService:
     ) -> tuple[np.ndarray, list[int]]:
         chunks = [texts[i : i + self._chunk] for i in range(0, len(texts), self._chunk)]
         encoded = await self.batcher.encode(chunks)
+        if len(encoded) == 1:  # the common case: no task and no gather of one
+            result = await self.model.infer(encoded[0].as_inputs(), priority=priority, timeout_s=timeout_s,
+                                            outputs=(self.output,), deadline=deadline)
+            return result[self.output], self._truncated(encoded)
         tasks = [
             asyncio.ensure_future(self.model.infer(e.as_inputs(), priority=priority, timeout_s=timeout_s,
                                                    outputs=(self.output,), deadline=deadline))
@@ -79,11 +83,14 @@ class TextService:
             for task in tasks:
                 task.cancel()
             raise
-        embeddings = results[0][self.output] if len(results) == 1 else np.concatenate([r[self.output] for r in results])
+        return np.concatenate([r[self.output] for r in results]), self._truncated(encoded)
+
+    def _truncated(self, encoded: list[Encoded]) -> list[int]:
+        """Indices of the texts cut to the model's maximum length (counted in the metrics)."""
         truncated = [i for i, flag in enumerate(f for e in encoded for f in e.truncated) if flag]
         if truncated and self._on_truncated is not None:
             self._on_truncated(len(truncated))
-        return embeddings, truncated
+        return truncated
 
     async def handle(self, body: dict[str, object], deadline: float | None = None) -> dict[str, object]:
         """Answer one ``/inference`` body; ``deadline`` (``time.monotonic()`` seconds) bounds its queueing."""
