@@ -50,6 +50,8 @@ class TextBatcher:
         elif self._jobs == 0 and not self._kick_scheduled:
             self._kick_scheduled = True
             loop.call_soon(self._kick, loop)
+        if len(futures) == 1:  # one chunk, the common case: no gather of one
+            return [await futures[0]]
         return list(await asyncio.gather(*futures))
 
     def _kick(self, loop: asyncio.AbstractEventLoop) -> None:

@@ -77,6 +77,18 @@ async def test_a_tokenizer_failure_reaches_every_caller_of_the_pass(tokenizer: T
     assert [str(r) for r in results] == ["tokenizer broke", "tokenizer broke"]
 
 
+
+async def test_a_caller_that_goes_away_leaves_the_others_their_answers(tokenizer: TextTokenizer) -> None:
+    counting = CountingTokenizer(tokenizer)
+    batcher = TextBatcher(counting, max_texts=100)
+    gone = asyncio.ensure_future(batcher.encode([GROUPS[0]]))
+    stays = asyncio.ensure_future(batcher.encode([GROUPS[1]]))
+    await asyncio.sleep(0)  # both parked for the same job
+    gone.cancel()
+    (answer,) = await stays
+    same(answer, tokenizer.encode(GROUPS[1]))
+    assert gone.cancelled() and counting.calls == [3]
+
 async def test_texts_beyond_max_pending_are_refused_as_overload(tokenizer: TextTokenizer) -> None:
     batcher = TextBatcher(tokenizer, max_pending=3)
     first = asyncio.ensure_future(batcher.encode([["a", "b"]]))
