@@ -9,8 +9,8 @@ nothing (direct) — driven open loop by ``fleetserve bench`` machinery, with on
    front CPU per request (all routing, health checking, retry and metrics features on in our gateway).
 2. throttled: four replicas, replica 0 SIGSTOPped 80 ms of every 100 ms while still passing health checks
    (the seed's overheating GPU), load at ~60% of fleet capacity: every policy, the default policy with
-   hedging off (``--hedge-percentile 0``; it is on by default), NGINX round-robin and least_conn, HAProxy leastconn, Envoy LEAST_REQUEST and
-   client-side WRR, against the all-healthy p99.
+   hedging off (``--hedge-percentile 0``; it is on by default), NGINX round-robin and least_conn, HAProxy
+   leastconn, Envoy LEAST_REQUEST and client-side WRR, against the all-healthy p99.
 3. crash: SIGKILL replica 0 under load, through our gateway and through Envoy; errors, time until the front
    stops routing to it, time until the restarted replica is back in rotation.
 4. rolling: SIGTERM every replica in turn under load, through our gateway and through Envoy; errors.
