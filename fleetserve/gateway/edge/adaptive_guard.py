@@ -6,8 +6,9 @@ guard refused, answered without reaching a replica's queue), a 5xx or a client t
 slot without one (their latency says nothing about queueing). The controller's state is exported at scrape
 time: ``fleetserve_gateway_concurrency_limit``, ``fleetserve_gateway_concurrency_inflight`` and
 ``fleetserve_gateway_min_rtt_seconds``; refusals count in ``fleetserve_gateway_rejected_total`` with reason
-``concurrency_limited``. It guards the HTTP listener; the gRPC listener's guards (:mod:`.grpc`) do not
-include it yet.
+``concurrency_limited``. The gRPC listener's guards (:mod:`.grpc`) take their slots from the same controller
+through :meth:`AdaptiveConcurrencyMiddleware.acquire` and :meth:`~AdaptiveConcurrencyMiddleware.release`, so
+one limit covers the gateway's requests whichever listener they came through.
 """
 
 from __future__ import annotations
@@ -19,7 +20,7 @@ from aiohttp.typedefs import Handler
 from prometheus_client.core import GaugeMetricFamily
 from prometheus_client.registry import Collector
 
-from fleetserve.gateway.edge.adaptive import GradientController
+from fleetserve.gateway.edge.adaptive import GradientController, Token
 from fleetserve.gateway.edge.metrics import NullObserver, RejectionObserver
 from fleetserve.gateway.edge.rejection import Rejection
 from fleetserve.wire import RETRY_AFTER, retry_after
@@ -33,26 +34,38 @@ class AdaptiveConcurrencyMiddleware:
     def __init__(self, controller: GradientController, retry_after_s: float, exempt_paths: Sequence[str] = (),
                  observer: RejectionObserver | None = None) -> None:
         self.controller = controller
-        self._exempt = frozenset(exempt_paths)
+        self.exempt = frozenset(exempt_paths)
         self._observer = observer or NullObserver()
         self._retry_after = {RETRY_AFTER: retry_after(retry_after_s)}
 
-    async def __call__(self, request: web.Request, handler: Handler) -> web.StreamResponse:
-        if request.path in self._exempt:
-            return await handler(request)
+    def acquire(self) -> Token | Rejection:
+        """A slot for one request, or the 503 that refuses it (counted as ``concurrency_limited``)."""
         controller = self.controller
         token = controller.try_acquire()
         if token is None:
             self._observer.rejected("concurrency_limited")
             return Rejection(503, "concurrency_limited", f"gateway overloaded: {controller.inflight} requests in "
-                             "flight, at its adaptive concurrency limit", self._retry_after).response()
+                             "flight, at its adaptive concurrency limit", self._retry_after)
+        return token
+
+    def release(self, token: Token, ok: bool) -> None:
+        """Give ``token``'s slot back; its latency is a sample only when ``ok`` (answered below 400)."""
+        controller = self.controller
+        controller.release(token, controller.now() - token.started_at, ok)
+
+    async def __call__(self, request: web.Request, handler: Handler) -> web.StreamResponse:
+        if request.path in self.exempt:
+            return await handler(request)
+        token = self.acquire()
+        if isinstance(token, Rejection):
+            return token.response()
         ok = False
         try:
             response = await handler(request)
             ok = response.status < 400
             return response
         finally:
-            controller.release(token, controller.now() - token.started_at, ok)
+            self.release(token, ok)
 
 
 class AdaptiveConcurrencyGauges(Collector):

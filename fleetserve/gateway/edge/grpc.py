@@ -1,14 +1,17 @@
-"""The edge guards on the gRPC listener: the same shedding cap, JWT verification and rate limits as HTTP.
+"""The edge guards on the gRPC listener: the same shedding cap, JWT verification, rate limits and adaptive
+concurrency limit as HTTP.
 
 The guards are the very objects behind the HTTP middlewares (:class:`~.guards.EdgeGuards`), so the gateway
-has one in-flight count, one token cache and one set of rate-limit buckets whichever listener a request
-came through. A call's path is its method (``/inference.GRPCInferenceService/ModelInfer``), which route
-scopes, rate-limit prefixes and ``exempt_paths`` match like any HTTP path; the bearer token comes from the
-``authorization`` metadata, the client address from the peer (and ``x-forwarded-for`` from trusted
-proxies). A refusal becomes the gRPC status of its HTTP one (``wire.HTTP_GRPC_STATUS``: 401
-UNAUTHENTICATED, 403 PERMISSION_DENIED, 429 RESOURCE_EXHAUSTED, 503 UNAVAILABLE), its headers
-(``retry-after``, ``ratelimit-*``, ``www-authenticate``) trailing metadata. Message sizes are bounded by the
-gRPC server itself (:mod:`.listen`).
+has one in-flight count, one token cache, one set of rate-limit buckets and one adaptive limit whichever
+listener a request came through. The adaptive limit applies to unary calls, as it applies to HTTP requests;
+a ``ModelStreamInfer`` stream is not limited by it (a stream's lifetime is the client's, not a latency
+sample, and its requests are pinned to one replica). A call's path is its method
+(``/inference.GRPCInferenceService/ModelInfer``), which route scopes, rate-limit prefixes and ``exempt_paths``
+match like any HTTP path; the bearer token comes from the ``authorization`` metadata, the client address from
+the peer (and ``x-forwarded-for`` from trusted proxies). A refusal becomes the gRPC status of its HTTP one
+(``wire.HTTP_GRPC_STATUS``: 401 UNAUTHENTICATED, 403 PERMISSION_DENIED, 429 RESOURCE_EXHAUSTED, 503
+UNAVAILABLE), its headers (``retry-after``, ``ratelimit-*``, ``www-authenticate``) trailing metadata. Message
+sizes are bounded by the gRPC server itself (:mod:`.listen`).
 """
 
 from __future__ import annotations
@@ -17,6 +20,8 @@ from collections.abc import Mapping, Sequence
 
 from aiohttp.typedefs import Middleware
 
+from fleetserve.gateway.edge.adaptive import Token
+from fleetserve.gateway.edge.adaptive_guard import AdaptiveConcurrencyMiddleware
 from fleetserve.gateway.edge.auth import JwtAuthMiddleware
 from fleetserve.gateway.edge.clientip import parse_ip
 from fleetserve.gateway.edge.identity import Identity
@@ -44,13 +49,15 @@ def grpc_status(rejection: Rejection) -> tuple[str, tuple[tuple[str, str], ...]]
 
 
 class GrpcGuards:
-    """The configured guards, applied to one call at a time: :meth:`enter`, then :meth:`admit`, and
-    :meth:`leave` once the call is over whenever ``enter`` let it in."""
+    """The configured guards, applied to one call at a time: :meth:`enter`, then :meth:`admit`, then for a
+    unary call :meth:`acquire`; :meth:`release` what ``acquire`` gave, and :meth:`leave` once the call is over
+    whenever ``enter`` let it in."""
 
     def __init__(self, middlewares: Sequence[Middleware]) -> None:
         self._shed = next((m for m in middlewares if isinstance(m, LoadShedMiddleware)), None)
         self._auth = next((m for m in middlewares if isinstance(m, JwtAuthMiddleware)), None)
         self._rate = next((m for m in middlewares if isinstance(m, RateLimitMiddleware)), None)
+        self._adaptive = next((m for m in middlewares if isinstance(m, AdaptiveConcurrencyMiddleware)), None)
 
     @property
     def checking(self) -> bool:
@@ -90,3 +97,16 @@ class GrpcGuards:
             if rejection is not None:
                 return rejection
         return identity
+
+    def acquire(self, method: str) -> Token | Rejection | None:
+        """A slot under the adaptive concurrency limit (None: no limit applies to this call), or its refusal."""
+        adaptive = self._adaptive
+        if adaptive is None or method in adaptive.exempt:
+            return None
+        return adaptive.acquire()
+
+    def release(self, slot: Token | None, ok: bool) -> None:
+        """Give back what :meth:`acquire` gave; ``ok``: the call was answered below 400 (a latency sample)."""
+        if slot is not None:
+            assert self._adaptive is not None
+            self._adaptive.release(slot, ok)

@@ -198,9 +198,13 @@ class GrpcForwarding(grpc.GenericRpcHandler):
             started = time.perf_counter()
             span = None if self._tracing is None else self._server_span(method, context)
             outcome: Outcome[Any] | None = None
+            slot = None
             try:
                 metadata, text, rid, traceparent = await self._admit(
                     method, context, None if span is None else otel.traceparent(span))
+                slot = self._guards.acquire(method)
+                if isinstance(slot, Rejection):
+                    await _refuse(context, slot)
                 ctx = RequestContext("POST", method, len(request), text, rid)
                 timeout_s = self._timeout_s(context)
                 deadline = self._forwarder.clock() + timeout_s
@@ -209,6 +213,8 @@ class GrpcForwarding(grpc.GenericRpcHandler):
                 outcome = await self._forwarder.forward(ctx, exchange, deadline, timeout_s, spans)
             finally:
                 metrics.inflight.dec()
+                if not isinstance(slot, Rejection):
+                    self._guards.release(slot, outcome is not None and outcome.status < 400)
                 self._guards.leave(method)
                 if span is not None:
                     _end_span(span, outcome, context)

@@ -1,5 +1,6 @@
-"""The edge guards on the gRPC listener: JWT from the ``authorization`` metadata, rate limits and the in-flight
-cap, shared with HTTP, in a real in-process gateway in front of grpc.aio replicas."""
+"""The edge guards on the gRPC listener: JWT from the ``authorization`` metadata, rate limits, the in-flight
+cap and the adaptive concurrency limit, shared with HTTP, in a real in-process gateway in front of grpc.aio
+replicas."""
 
 from __future__ import annotations
 
@@ -12,6 +13,7 @@ import grpc.aio
 import pytest
 
 from fleetserve.gateway.edge import EdgeConfig, JwtConfig, KeySpec, RateLimitRule, RouteScope, ShedConfig
+from fleetserve.gateway.edge.config import AdaptiveConcurrencyConfig
 from fleetserve.gateway.edge.grpc import grpc_status, peer_address
 from fleetserve.gateway.edge.rejection import Rejection
 from tests.support.grpc_replica import GRPC_INFER, SERVICE, StartGrpcFront
@@ -103,3 +105,37 @@ async def test_the_in_flight_cap_counts_both_listeners(grpc_front: StartGrpcFron
                 await asyncio.sleep(0.01)
 
     assert (await asyncio.wait_for(slot_free(), 5.0)).startswith(b"g0|")
+
+
+async def test_the_adaptive_limit_refuses_grpc_calls_at_once_and_counts_both_listeners(
+        grpc_front: StartGrpcFront, client: aiohttp.ClientSession) -> None:
+    adaptive = AdaptiveConcurrencyConfig(enabled=True, min_concurrency=1, initial_concurrency=1, max_concurrency=1,
+                                         retry_after_s=2.0)
+    gw, (replica,) = await grpc_front(1, edge=EdgeConfig(adaptive=adaptive))
+    replica.mode = "hang"
+    held = asyncio.ensure_future(gw.call())
+    await asyncio.wait_for(replica.received.wait(), 5.0)
+    with pytest.raises(grpc.aio.AioRpcError) as info:
+        await gw.call()
+    assert info.value.code() == grpc.StatusCode.UNAVAILABLE and "adaptive concurrency limit" in info.value.details()
+    assert dict(info.value.trailing_metadata())["retry-after"] == "2"
+    async with client.post(gw.gateway.url + "/v2/models/m/infer", data=b"{}") as res:
+        assert res.status == 503 and res.headers["Retry-After"] == "2"  # the gRPC call holds the one slot
+    assert len(replica.calls) == 1
+    rejected = gw.gateway.metrics.registry.get_sample_value
+    assert rejected("fleetserve_gateway_rejected_total", {"reason": "concurrency_limited"}) == 2
+    held.cancel()
+    await asyncio.gather(held, return_exceptions=True)
+    await asyncio.wait_for(replica.cancelled.wait(), 5.0)
+    replica.mode = "ok"
+
+    async def slot_free() -> bytes:
+        while True:
+            try:
+                return await gw.call()
+            except grpc.aio.AioRpcError as err:
+                assert err.code() == grpc.StatusCode.UNAVAILABLE
+                await asyncio.sleep(0.01)
+
+    assert (await asyncio.wait_for(slot_free(), 5.0)).startswith(b"g0|")  # the cancelled call gave its slot back
+    assert await gw.call(SERVICE + "ServerLive") == f"g0|{SERVICE}ServerLive|x".encode()
