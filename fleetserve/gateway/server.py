@@ -192,3 +192,5 @@ async def serve_gateway(
             await scrape.close()
         if tracing is not None:
             await asyncio.to_thread(tracing.shutdown)  # exports what is queued
+        if lines is not None:
+            lines.flush()

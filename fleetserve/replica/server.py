@@ -57,6 +57,7 @@ class Replica:
     http_port: int
     gpu: GpuMonitor | None = None
     tracing: otel.Tracing | None = None
+    access: AccessLog | None = None
 
     async def drain(self) -> None:
         cfg = self.config
@@ -74,6 +75,8 @@ class Replica:
             self.gpu.stop()
         if self.tracing is not None:
             await asyncio.to_thread(self.tracing.shutdown)  # exports what is queued
+        if self.access is not None:
+            self.access.flush()
         log.info("drained; exiting")
 
 
@@ -143,7 +146,7 @@ async def start_replica(config: ReplicaConfig) -> Replica:
     if config.grpc_port:
         grpc = await start_grpc_server(repo, GrpcServerConfig(config.host, config.grpc_port), limits, load,
                                        tracing, access)
-    return Replica(config, repo, model, batcher, metrics, runner, grpc, http_port, gpu, tracing)
+    return Replica(config, repo, model, batcher, metrics, runner, grpc, http_port, gpu, tracing, access)
 
 
 async def serve(config: ReplicaConfig) -> int:
