@@ -24,7 +24,9 @@ With two or more CPUs the front is pinned to the first one (``taskset``) and the
 to the others, so the front can take a whole core and does not share it with them. NGINX fronts rarely
 saturate that way (wrk runs out of core first); their CPU per request is still the honest figure, if slightly
 pessimistic. ``--baseline DIR`` also measures the gateway from another source tree (``DIR/fleetserve``), for
-before/after comparisons in one run.
+before/after comparisons in one run; ``--variant NAME=OPTIONS`` (repeatable) also measures the gateway with
+those extra options as front ``fleetserve:NAME``, so what one feature costs is read against the defaults in
+the same rounds (``--variant no-hedging='--hedge-percentile 0'``).
 
 Needs the Debian packages ``nginx`` and ``wrk`` (and ``haproxy`` for that front)::
 
@@ -38,6 +40,7 @@ import argparse
 import contextlib
 import json
 import os
+import shlex
 import shutil
 import statistics
 import subprocess
@@ -222,7 +225,8 @@ def python_front(name: str, upstream: str, cpus: str | None, source: Path | None
 def front(name: str, upstream: str, cpus: str | None, args: argparse.Namespace) -> Iterator[tuple[str, int]]:
     if name.startswith("fleetserve") or name in _BARE:
         source = args.baseline if name.endswith("@baseline") else None
-        with python_front(name, upstream, cpus, source, args.gateway_args.split()) as started:
+        extra = [*args.gateway_args.split(), *shlex.split(args.variants.get(name.partition(":")[2], ""))]
+        with python_front(name, upstream, cpus, source, extra) as started:
             yield started
         return
     proc: PinnedNginx | PinnedHaproxy | PinnedEnvoy
@@ -296,6 +300,7 @@ def main(args: argparse.Namespace) -> list[Run]:
             raise SystemExit(f"unknown front {name!r}; choose from {', '.join(FRONTS)}")
     if args.baseline is not None:
         fronts.insert(1, "fleetserve@baseline")
+    fronts[1:1] = [f"fleetserve:{variant}" for variant in args.variants]
     front_cpus, rest = (None, None) if args.no_pin else cpu_split()
     if rest is not None:
         os.sched_setaffinity(0, rest)  # wrk and the upstream inherit this
@@ -336,9 +341,17 @@ if __name__ == "__main__":
     ap.add_argument("--repeat", type=int, default=1, help="runs per front, interleaved; medians reported")
     ap.add_argument("--baseline", type=Path, help="also measure the gateway of the source tree DIR/fleetserve")
     ap.add_argument("--gateway-args", default="", help="extra gateway options, e.g. \"--policy round-robin\"")
+    ap.add_argument("--variant", action="append", default=[], metavar="NAME=OPTIONS",
+                    help="also measure the gateway with these extra options as front fleetserve:NAME (repeatable)")
     ap.add_argument("--no-pin", action="store_true", help="do not pin the front to its own CPU")
     ap.add_argument("--out", type=Path, help="write the summary rows as JSON here")
     args = ap.parse_args()
+    args.variants = {}
+    for spec in args.variant:
+        name, sep, options = spec.partition("=")
+        if not sep or not name or ":" in name:
+            ap.error(f"--variant {spec!r}: expected NAME=OPTIONS")
+        args.variants[name] = options
     rows = main(args)
     if args.out is not None:
         args.out.parent.mkdir(parents=True, exist_ok=True)
