@@ -4,6 +4,11 @@ Padding is dynamic (to the longest text in the call, never a fixed 128) and trun
 model maximum; the batcher later pads to its sequence bucket. ``encode`` reports which texts were truncated
 so the HTTP layer can flag them. ``encode_groups`` tokenises several callers' texts in one ``encode_batch``
 call (one crossing into the Rust library, which splits the work over its threads) and packs each group apart.
+
+Packing reads only each text's token ids from the Rust encoding: without padding every attention mask is all
+ones, and the token types of a single text are the same for every text under the tokenizer's template (all
+zeros for BERT's ``[CLS] $A [SEP]``), which the constructor checks on a probe text. Each list read from an
+encoding is a conversion done while holding the interpreter lock, the lock the replica's event loop needs.
 """
 
 from __future__ import annotations
@@ -36,34 +41,39 @@ class TextTokenizer:
         self._tok = Tokenizer.from_file(str(path))
         self._tok.no_padding()
         self._tok.enable_truncation(max_length)
+        probe = self._tok.encode("probe text")
+        # One type id for a whole single text (the template's type for its sequence): None when they differ.
+        self._type_id: int | None = probe.type_ids[0] if len(set(probe.type_ids)) == 1 else None
 
     def encode(self, texts: list[str]) -> Encoded:
-        return _pack(self._tok.encode_batch(texts))
+        return self._pack(self._tok.encode_batch(texts))
 
     def encode_groups(self, groups: list[list[str]]) -> list[Encoded]:
         """``[encode(g) for g in groups]``, with one ``encode_batch`` over every group's texts."""
         encs = self._tok.encode_batch([t for g in groups for t in g])
         out, start = [], 0
         for g in groups:
-            out.append(_pack(encs[start : start + len(g)]))
+            out.append(self._pack(encs[start : start + len(g)]))
             start += len(g)
         return out
 
-
-def _pack(encs: list[Encoding]) -> Encoded:
-    """Token rows padded with zeros to the longest; one text needs no padding, so it is copied in one step."""
-    if len(encs) == 1:
-        e = encs[0]
-        return Encoded(np.array([e.ids], dtype=np.int64), np.array([e.attention_mask], dtype=np.int64),
-                       np.array([e.type_ids], dtype=np.int64), [bool(e.overflowing)])
-    seq = max(len(e.ids) for e in encs)
-    n = len(encs)
-    ids = np.zeros((n, seq), dtype=np.int64)
-    mask = np.zeros((n, seq), dtype=np.int64)
-    types = np.zeros((n, seq), dtype=np.int64)
-    for i, e in enumerate(encs):
-        k = len(e.ids)
-        ids[i, :k] = e.ids
-        mask[i, :k] = e.attention_mask
-        types[i, :k] = e.type_ids
-    return Encoded(ids, mask, types, [bool(e.overflowing) for e in encs])
+    def _pack(self, encs: list[Encoding]) -> Encoded:
+        """Token rows padded with zeros to the longest (masked out); one text needs no padding."""
+        rows = [e.ids for e in encs]
+        n, seq = len(rows), max(len(r) for r in rows)
+        if n == 1:
+            ids = np.array(rows, dtype=np.int64)
+            mask = np.ones((1, seq), dtype=np.int64)
+        else:
+            ids = np.zeros((n, seq), dtype=np.int64)
+            mask = np.zeros((n, seq), dtype=np.int64)
+            for i, row in enumerate(rows):
+                ids[i, : len(row)] = row
+                mask[i, : len(row)] = 1
+        if self._type_id is None:
+            types = np.zeros((n, seq), dtype=np.int64)
+            for i, e in enumerate(encs):
+                types[i, : len(rows[i])] = e.type_ids
+        else:
+            types = mask * self._type_id
+        return Encoded(ids, mask, types, [bool(e.overflowing) for e in encs])
