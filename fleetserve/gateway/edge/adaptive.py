@@ -48,6 +48,13 @@ architecture docs), with changes taken from Netflix's concurrency-limits (Netfli
   but not overloaded (a stalled or draining replica, at a load the others absorb) is not refused: refusing
   requests the limit is not even holding back cannot shorten the queue. Under a real overload the queue
   grows in-flight (Little's law) past half the limit within the window, and the gradient applies in full.
+- **A limit that was used but never reached does not shrink** (RFC 7661's validation again: a window that
+  was not the constraint says nothing about the right one): when in-flight peaked between half the limit and
+  the limit within the window and nothing was refused, a latency above the buffer holds the limit where it
+  is. A degraded fleet at a load it carries — one replica stalling while the others absorb its share — shows
+  exactly that: latency up by half while bursts of requests wait on the stalled replica; shrinking there
+  refuses the next burst without shortening any queue. An overload reaches the limit within an update, and
+  from then on the gradient applies in full.
 
 Requests that fail (``ok=False``: errors, refusals by inner guards, disconnects) return their slot without a
 latency sample, and samples of requests started before the current window are discarded, as in Envoy.
@@ -103,6 +110,7 @@ class GradientController:
         self._samples: list[float] = []
         self._low_load: deque[float] = deque(maxlen=config.min_rtt_samples)
         self._peaks: deque[int] = deque([0], maxlen=APP_LIMITED_UPDATES)
+        self._refusals: deque[int] = deque([0], maxlen=APP_LIMITED_UPDATES)  # per update, beside the peaks
         self._epoch = 0
         self._measuring = False
         self._deferred_limit = self._initial
@@ -145,6 +153,7 @@ class GradientController:
         now = self._clock()
         self._advance(now)
         if self._inflight >= self._limit:
+            self._refusals[-1] += 1
             return None
         token = Token(now, self._epoch, self._inflight < self._config.min_concurrency)
         self._inflight += 1
@@ -177,6 +186,7 @@ class GradientController:
             self._next_update = now + self._config.update_interval_s
             self._update_limit()
             self._peaks.append(self._inflight)
+            self._refusals.append(0)
 
     def _enter_window(self) -> None:
         self._measuring = True
@@ -192,6 +202,7 @@ class GradientController:
         self._limit = self._deferred_limit
         self._measuring = False
         self._peaks.append(self._inflight)
+        self._refusals.append(0)
         self._next_update = now + self._config.update_interval_s
         interval = self._config.min_rtt_interval_s
         if interval > 0:
@@ -211,6 +222,8 @@ class GradientController:
             # further while demand stays there, and comes back to the initial limit when latency is fine.
             floor = 2 * peak + 1
             new = max(floor, min(new, self._limit)) if gradient < 1 else max(self._initial, floor)
+        elif gradient < 1 and peak < self._limit and not any(self._refusals):
+            new = self._limit  # used, never reached: nothing was held back, so nothing to shrink for
         self._limit = new
 
     def _follow_min_rtt(self, sample: float) -> float:

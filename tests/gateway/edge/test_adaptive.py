@@ -141,6 +141,17 @@ def test_an_app_limited_limit_moves_to_twice_the_peak_but_not_below_the_initial_
     assert c.limit == 16  # back to the initial limit at once, not by a quarter per update
 
 
+
+def test_a_limit_used_but_never_reached_holds_while_latency_is_up_and_shrinks_once_reached() -> None:
+    clock = FakeClock()
+    c = controller(clock, initial_concurrency=32)
+    finish_min_rtt_window(c, clock, 0.010)
+    for _ in range(10):
+        run_interval(c, clock, 0.030, busy=20)  # 3x minRTT, 20 of 32 in flight, nothing refused: a slower
+    assert c.limit == 32  # fleet at a load it carries, so the limit holds
+    run_interval(c, clock, 0.030, busy=40)  # demand reaches the limit: 8 refused, the gradient applies
+    assert c.limit < 32
+
 def test_limit_halves_at_most_when_latency_rises() -> None:
     clock = FakeClock()
     c = controller(clock)
