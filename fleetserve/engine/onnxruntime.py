@@ -3,9 +3,10 @@
 Build: ONNX Runtime's transformer optimizer fuses BERT subgraphs (Attention, EmbedLayerNormalization,
 SkipLayerNormalization, BiasGelu, ...) when the graph is a BERT-style encoder; any other graph gets ONNX
 Runtime's generic graph optimizations. INT8 on CPU uses dynamic per-channel quantization of the fused graph
-(weights int8 per output channel, activations quantized per batch at run time): on x86 CPUs with VNNI it
-is both faster and more accurate than static QDQ, which ONNX Runtime's CPU kernels run slower than FP32.
-Static calibration (``int8_method=static``) is kept for devices whose kernels favour it.
+(weights int8 per output channel, activations quantized per batch at run time). Static calibration
+(``int8_method=static``, :mod:`.ort_static`) is kept for devices whose kernels favour QDQ graphs; it reaches
+only graphs without fused contrib ops, and a build where it quantized no activation fails rather than cache an
+fp32 engine under an int8 name.
 
 Runtime: one ``InferenceSession`` per instance, intra-op threads sized so instances × threads does not
 oversubscribe the cores the process may use (its cgroup CPU quota included, :mod:`fleetserve.engine.cpus`).

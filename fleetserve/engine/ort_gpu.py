@@ -4,7 +4,8 @@ UNVERIFIED: no machine we have carries onnxruntime-gpu; the option names follow 
 documentation of the TensorRT and CUDA execution providers. TensorRT's provider builds its own engines
 from the ONNX graph and keeps them (and its timing cache) in ``cache_dir`` so a restart does not rebuild;
 FP16/INT8 are its precision switches (INT8 takes the Q/DQ scales in the graph, so an ``int8`` build of
-the ONNX Runtime backend made with ``int8_method=static`` is the graph to give it). The CUDA provider is
+the ONNX Runtime backend made with ``int8_method=static`` is the graph to give it; on a fused BERT graph that
+build fails, see :mod:`.ort_static`). The CUDA provider is
 the fallback for the nodes TensorRT does not take, and the CPU provider the last resort.
 """
 

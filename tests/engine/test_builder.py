@@ -12,6 +12,7 @@ from fleetserve.engine.base import EngineError, Precision
 from fleetserve.engine.builder import build, engine_cache
 from fleetserve.engine.calibration import calibration_texts
 from fleetserve.engine.config import EngineConfig
+from fleetserve.engine.ort_static import quantized_activations
 from fleetserve.models.store import ModelStore
 from fleetserve.models.tokenizer import TextTokenizer
 from tests.support.markers import needs_torch
@@ -112,6 +113,18 @@ def test_minilm_fusions_and_int8_accuracy() -> None:
     int8 = build(EngineConfig(model="minilm", precision=Precision.INT8), quiet=True)
     acc = int8.report["accuracy"]
     assert isinstance(acc, dict) and acc["mean_cosine"] >= 0.99
+
+
+@needs_torch
+def test_static_int8_that_quantizes_no_activation_fails_instead_of_caching_an_fp32_engine() -> None:
+    with pytest.raises(EngineError, match="static int8 quantized no activation"):
+        build(EngineConfig(model="minilm", precision=Precision.INT8, int8_method="static"), quiet=True)
+
+
+def test_static_int8_of_an_unfused_graph_quantizes_its_activations() -> None:
+    built = build(EngineConfig(model="tiny", precision=Precision.INT8, int8_method="static"), quiet=True)
+    assert built.report["method"] == "int8 static QDQ, calibrated on unlabelled text"
+    assert quantized_activations(built.entry.directory / "model.onnx") > 0
 
 
 def test_model_path_build(tmp_path: object) -> None:
