@@ -13,8 +13,9 @@ answers written with orjson, which writes the float32 embedding straight from th
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Callable
+from collections.abc import Callable, Coroutine
 from dataclasses import dataclass
+from typing import Any
 
 import numpy as np
 import orjson
@@ -67,15 +68,14 @@ class TextService:
     ) -> tuple[np.ndarray, list[int]]:
         chunks = [texts[i : i + self._chunk] for i in range(0, len(texts), self._chunk)]
         encoded = await self.batcher.encode(chunks)
+
+        def infer(e: Encoded) -> Coroutine[Any, Any, dict[str, np.ndarray]]:
+            return self.model.infer(e.as_inputs(), priority=priority, timeout_s=timeout_s, outputs=(self.output,),
+                                    deadline=deadline)
+
         if len(encoded) == 1:  # the common case: no task and no gather of one
-            result = await self.model.infer(encoded[0].as_inputs(), priority=priority, timeout_s=timeout_s,
-                                            outputs=(self.output,), deadline=deadline)
-            return result[self.output], self._truncated(encoded)
-        tasks = [
-            asyncio.ensure_future(self.model.infer(e.as_inputs(), priority=priority, timeout_s=timeout_s,
-                                                   outputs=(self.output,), deadline=deadline))
-            for e in encoded
-        ]
+            return (await infer(encoded[0]))[self.output], self._truncated(encoded)
+        tasks = [asyncio.ensure_future(infer(e)) for e in encoded]
         try:
             results = await asyncio.gather(*tasks)
         except BaseException:
