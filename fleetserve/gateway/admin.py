@@ -1,7 +1,7 @@
 """The gateway's own endpoints: ``/healthz`` (the process is live), ``/readyz`` (ready for traffic),
-``/metrics`` (Prometheus text, the whole gateway's with ``--workers N``: :mod:`.scrape`), ``/gateway/backends``
-(the balancer's per-backend state as JSON, for operators and ``fleetserve up``), the live fleet dashboard
-(``/dashboard``, fed by ``/gateway/fleet``) and the autoscaler's routes (``/gateway/autoscale``,
+``/metrics`` (Prometheus text, the whole gateway's with ``--workers N``: :mod:`fleetserve.telemetry.scrape`),
+``/gateway/backends`` (the balancer's per-backend state as JSON, for operators and ``fleetserve up``), the live
+fleet dashboard (``/dashboard``, fed by ``/gateway/fleet``) and the autoscaler's routes (``/gateway/autoscale``,
 :mod:`.autoscale.routes`).
 
 ``/readyz`` turns 200 once some backend has passed its health checks (at once when the gateway holds requests

@@ -42,9 +42,9 @@ from fleetserve.gateway.forward.grpc import GrpcForwarding
 from fleetserve.gateway.forward.http import readiness_probe
 from fleetserve.gateway.forward.upstream import UpstreamPools
 from fleetserve.gateway.metrics import GatewayMetrics
-from fleetserve.gateway.scrape import WorkerScrape, WorkerSet
 from fleetserve.telemetry import otel
 from fleetserve.telemetry.access_log import AccessLog
+from fleetserve.telemetry.scrape import WorkerScrape, WorkerSet
 from fleetserve.telemetry.tracing import IdGenerator
 from fleetserve.wire import retry_after
 
@@ -112,7 +112,7 @@ async def serve_gateway(
     """Run a gateway in this event loop for the duration of the ``async with`` block.
 
     ``discovery`` replaces the one ``config`` describes (tests feed events through it); ``workers`` makes
-    this one worker of several, whose ``/metrics`` reports them all (:mod:`.scrape`).
+    this one worker of several, whose ``/metrics`` reports them all (:mod:`fleetserve.telemetry.scrape`).
     """
     metrics = GatewayMetrics()
     observers = Observers(metrics)

@@ -4,8 +4,8 @@ SIGINT/SIGTERM.
 With ``workers > 1`` it runs that many worker processes on one port through SO_REUSEPORT, the kernel
 spreading connections across them; each worker keeps its own balancer state, health checks and metrics, as
 Envoy's workers do, and a ``/metrics`` scrape, whichever worker answers it, reports them all
-(:mod:`.scrape`, through Unix sockets in a directory made for the run and removed when it ends). Ctrl-C
-reaches the parent, which stops every worker; a worker that dies stops the others.
+(:mod:`fleetserve.telemetry.scrape`, through Unix sockets in a directory made for the run and removed when it
+ends). Ctrl-C reaches the parent, which stops every worker; a worker that dies stops the others.
 """
 
 from __future__ import annotations
@@ -23,9 +23,9 @@ from types import FrameType
 
 from fleetserve.eventloop import loop_factory
 from fleetserve.gateway.config import GatewayConfig
-from fleetserve.gateway.scrape import WorkerSet
 from fleetserve.gateway.server import SHUTDOWN_GRACE_S, MiddlewareFactory, serve_gateway
 from fleetserve.telemetry import logs
+from fleetserve.telemetry.scrape import WorkerSet
 
 log = logging.getLogger(__name__)
 

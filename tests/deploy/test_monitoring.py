@@ -38,7 +38,7 @@ def _registries() -> list[Any]:
     from fleetserve.gateway.edge.config import AdaptiveConcurrencyConfig
     from fleetserve.gateway.edge.guards import EdgeGuards
     from fleetserve.gateway.metrics import GatewayMetrics
-    from fleetserve.gateway.scrape import merge
+    from fleetserve.telemetry.scrape import merge
     from fleetserve.telemetry.metrics import ReplicaMetrics
 
     gateway = GatewayMetrics().registry

@@ -16,8 +16,8 @@ from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, gene
 from prometheus_client.parser import text_string_to_metric_families
 
 from fleetserve.gateway.metrics import GatewayMetrics
-from fleetserve.gateway.scrape import WorkerSet, merge
 from fleetserve.gateway.server import serve_gateway
+from fleetserve.telemetry.scrape import WorkerSet, merge
 from tests.gateway.test_server import spawn, wait_exit, wait_listening  # noqa: F401  (spawn is a fixture)
 from tests.support.fake_replica import FakeReplica
 from tests.support.gateways import gateway_config

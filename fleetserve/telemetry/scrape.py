@@ -1,9 +1,11 @@
-"""A ``/metrics`` scrape of a ``--workers N`` gateway reports the whole gateway, whichever worker answers it.
+"""A ``/metrics`` scrape of a service made of several processes on one port reports them all, whichever one
+answers it: a ``--workers N`` gateway, and a ``--frontends N`` replica (its front ends and its engine process).
 
-Each worker keeps its own registry (its own balancer, pools and guards, as Envoy's workers do), so a scrape
-that reached one worker used to see that worker alone. Here every worker also serves its own exposition on
-a Unix socket in a directory the parent process creates for the run (and removes when it exits); the
-worker a scrape reaches reads its siblings' expositions there and merges them with its own:
+Each gateway worker keeps its own registry (its own balancer, pools and guards, as Envoy's workers do), and
+each replica front end its own, so a scrape that reached one process would see that process alone. Here
+every process ("worker") also serves its own exposition on a Unix socket in a directory the parent process
+creates for the run (and removes when it exits); the worker a scrape reaches reads its siblings' expositions
+there and merges them with its own:
 
 - counters, histograms and summaries are summed sample by sample (same names, same labels), as are gauges
   of amounts (requests in flight, table sizes);
@@ -13,7 +15,8 @@ worker a scrape reaches reads its siblings' expositions there and merges them wi
   (``process_max_fds``);
 - start times (``*_created``, ``process_start_time_seconds``) take the earliest.
 
-``fleetserve_gateway_workers`` says how many workers' metrics the scrape holds; a worker that does not answer
+``fleetserve_gateway_workers`` (a replica's: ``fleetserve_replica_processes``) says how many processes' metrics
+the scrape holds; one that does not answer
 within :data:`PEER_TIMEOUT_S` is left out (and logged) rather than failing the scrape. Nothing of this runs
 per request: the cost is all at scrape time. The equivalent in prometheus-client, its multiprocess mode,
 writes every sample to a memory-mapped file under a lock on the request path and cannot drop the series of
@@ -39,7 +42,8 @@ from prometheus_client.registry import Collector
 log = logging.getLogger(__name__)
 
 PEER_TIMEOUT_S = 2.0
-WORKERS = "fleetserve_gateway_workers"
+WORKERS = ("fleetserve_gateway_workers", "Gateway worker processes whose metrics this scrape holds")
+PROCESSES = ("fleetserve_replica_processes", "Replica processes (front ends, engine) whose metrics this scrape holds")
 # Gauges that are each worker's view of one shared thing, or a per-process limit: the scrape reports the largest.
 LARGEST = frozenset({"fleetserve_gateway_backends", "fleetserve_gateway_min_rtt_seconds", "process_max_fds"})
 EARLIEST = frozenset({"process_start_time_seconds"})
@@ -66,8 +70,9 @@ def _combine(family: str, current: float, value: float) -> float:
     return current + value
 
 
-def merge(expositions: Sequence[str]) -> bytes:
-    """One exposition of several registries' text expositions (see the module docstring for the rules)."""
+def merge(expositions: Sequence[str], count: tuple[str, str] = WORKERS) -> bytes:
+    """One exposition of several registries' text expositions (see the module docstring for the rules), with
+    the gauge ``count`` (name, help) saying how many they were."""
     families: dict[str, Metric] = {}
     values: dict[str, dict[tuple[str, tuple[tuple[str, str], ...]], float]] = {}
     for text in expositions:
@@ -84,8 +89,7 @@ def merge(expositions: Sequence[str]) -> bytes:
     for name, merged in families.items():
         for (sample_name, labels), value in values[name].items():
             merged.add_sample(sample_name, dict(labels), value)
-    workers = GaugeMetricFamily(WORKERS, "Gateway worker processes whose metrics this scrape holds",
-                                value=len(expositions))
+    workers = GaugeMetricFamily(*count, value=len(expositions))
     registry = CollectorRegistry()
     registry.register(_Fixed([*families.values(), workers]))
     return generate_latest(registry)
@@ -102,9 +106,10 @@ class _Fixed(Collector):
 class WorkerScrape:
     """Serves this worker's exposition to its siblings and merges theirs into every scrape it answers."""
 
-    def __init__(self, workers: WorkerSet, local: Callable[[], bytes]) -> None:
+    def __init__(self, workers: WorkerSet, local: Callable[[], bytes], count: tuple[str, str] = WORKERS) -> None:
         self._workers = workers
         self._local = local
+        self._count = count
         self._runner: web.AppRunner | None = None
         self._sessions: dict[int, aiohttp.ClientSession] = {}
 
@@ -135,11 +140,11 @@ class WorkerScrape:
             async with asyncio.timeout(PEER_TIMEOUT_S), session.get(f"http://worker{_LOCAL_PATH}") as response:
                 return await response.text()
         except (aiohttp.ClientError, OSError, TimeoutError) as exc:
-            log.warning("gateway worker %d left out of this scrape: %s", index, exc or type(exc).__name__)
+            log.warning("process %d of this port left out of this scrape: %s", index, exc or type(exc).__name__)
             return None
 
     async def render(self) -> bytes:
-        """The whole gateway's exposition."""
+        """The exposition of every process of the set."""
         others = [i for i in range(self._workers.count) if i != self._workers.index]
         peers = await asyncio.gather(*(self._peer(i) for i in others))
-        return merge([self._local().decode(), *(text for text in peers if text is not None)])
+        return merge([self._local().decode(), *(text for text in peers if text is not None)], self._count)
