@@ -157,9 +157,10 @@ class TensorLayout:
         return feeds
 
     def split(
-        self, outputs: Mapping[str, np.ndarray], requests: Sequence[Request], seq: int
+        self, outputs: Mapping[str, np.ndarray], requests: Sequence[Request], seq: int, *, copy: bool = True
     ) -> list[dict[str, np.ndarray]]:
-        """Cut a batch's outputs back into one dict per request (rows, and own sequence length)."""
+        """Cut a batch's outputs back into one dict per request (rows, and own sequence length); ``copy=False``
+        gives views, for a caller that is done with them before the engine's next call."""
         total = sum(r.rows for r in requests)
         arrays = {name: np.asarray(value) for name, value in outputs.items()}
         for name, array in arrays.items():
@@ -172,15 +173,10 @@ class TensorLayout:
         results: list[dict[str, np.ndarray]] = []
         start = 0
         for r in requests:
-            # Copies, not views: an engine may reuse its output buffers for the next batch.
-            results.append(
-                {
-                    name: (
-                        array[start : start + r.rows, : r.seq] if cut[name] else array[start : start + r.rows]
-                    ).copy()
-                    for name, array in arrays.items()
-                }
-            )
+            part = {name: array[start : start + r.rows, : r.seq] if cut[name] else array[start : start + r.rows]
+                    for name, array in arrays.items()}
+            # Copies, not views, by default: an engine may reuse its output buffers for the next batch.
+            results.append({name: view.copy() for name, view in part.items()} if copy else part)
             start += r.rows
         return results
 

@@ -128,8 +128,9 @@ class Batcher:
         self._scheduler.add_done_callback(self._scheduler_done)
         self._accepting = True
 
-    async def warmup(self) -> None:
-        """Run every instance once on every shape in ``warmup_shapes``; batches wait meanwhile."""
+    async def warmup(self, shapes: Sequence[tuple[int, int]] | None = None) -> None:
+        """Run every instance once on every shape in ``shapes`` (default ``warmup_shapes``); batches wait
+        meanwhile."""
         if self._executor is None:
             raise RuntimeError("start() the batcher before warmup()")
         executor = self._executor
@@ -139,7 +140,8 @@ class Batcher:
             while len(self._idle) < len(self._instances):
                 self._freed.clear()
                 await self._freed.wait()
-            await asyncio.gather(*(loop.run_in_executor(executor, self._warm, i) for i in self._instances))
+            chosen = self.warmup_shapes if shapes is None else tuple(shapes)
+            await asyncio.gather(*(loop.run_in_executor(executor, self._warm, i, chosen) for i in self._instances))
         finally:
             self._paused -= 1
             self._wake.set()
@@ -313,8 +315,8 @@ class Batcher:
         compute_s = self._clock() - started
         return self._layout.split(outputs, requests, seq), compute_s
 
-    def _warm(self, instance: EngineInstance) -> None:
-        for rows, seq in self.warmup_shapes:
+    def _warm(self, instance: EngineInstance, shapes: tuple[tuple[int, int], ...]) -> None:
+        for rows, seq in shapes:
             request = self._layout.dummy(rows, seq)
             # Splitting checks the engine's outputs have the promised rows before real traffic arrives.
             self._layout.split(instance.infer(self._layout.collate([request], seq)), [request], seq)

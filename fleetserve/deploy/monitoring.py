@@ -110,6 +110,15 @@ def panels(window: str = "5m") -> tuple[Panel, ...]:
          ((f"fleetserve:batch_size:mean_{window}", "{{model}}"),)),
         ("Padded sequence length per batch", "short",
          _quantiles("fleetserve_batch_sequence_length", "model, ", "{{model}}")),
+        # Replicas with --frontends: the engine process's calls, merged from the front ends' batches.
+        ("Engine process: rows and front-end batches per engine call (--frontends)", "short",
+         (("sum by (model) (rate(fleetserve_engine_batch_size_sum[$__rate_interval])) / sum by (model) "
+           "(rate(fleetserve_engine_batch_size_count[$__rate_interval]))", "rows {{model}}"),
+          ("sum by (model) (rate(fleetserve_engine_merged_batches_sum[$__rate_interval])) / sum by (model) "
+           "(rate(fleetserve_engine_merged_batches_count[$__rate_interval]))", "batches {{model}}"))),
+        ("Engine process: call time and front-end batch wait p99 (--frontends)", "s",
+         (*_quantiles("fleetserve_engine_compute_seconds", "model, ", "call {{model}}")[1:],
+          *_quantiles("fleetserve_engine_queue_seconds", "model, ", "wait {{model}}")[1:])),
         ("Replica refusals: full queue, expired deadline, caller gone; truncated texts", "reqps",
          (("sum by (model) (rate(fleetserve_requests_rejected_total[$__rate_interval]))", "queue full {{model}}"),
           ("sum by (model) (rate(fleetserve_requests_expired_total[$__rate_interval]))", "expired {{model}}"),

@@ -64,7 +64,9 @@ def build_app(
     load: LoadReporter,
     tracing: otel.Tracing | None = None,
     access: AccessLog | None = None,
+    scrape: Callable[[], Awaitable[bytes]] | None = None,
 ) -> web.Application:
+    """``scrape``, for one front end of several, renders the whole replica's metrics (this process's included)."""
     ids = IdGenerator()
     inflight = metrics.inflight.labels(metrics.model)
 
@@ -120,7 +122,8 @@ def build_app(
 
     async def prometheus(request: web.Request) -> web.Response:
         metrics.queue_depth.labels(metrics.model).set(batcher.queue_depth)
-        return web.Response(body=metrics.render(), content_type="text/plain", charset="utf-8")
+        body = metrics.render() if scrape is None else await scrape()
+        return web.Response(body=body, content_type="text/plain", charset="utf-8")
 
     app = web.Application(client_max_size=max_body_bytes, middlewares=[observe])
     app.on_response_prepare.append(load_report)

@@ -23,6 +23,10 @@ class ReplicaConfig:
     grpc_port: int = option(8001, "gRPC port: KServe v2 GRPCInferenceService (0: no gRPC server)")
     model_name: str | None = option(None, "name served under /v2/models/", default_text="the model's name")
     instances: int = option(1, "engine instances running batches concurrently")
+    frontends: int = option(0, "front-end processes sharing the ports: each parses HTTP and gRPC, tokenises and "
+                            "batches, and this process runs their batches on its one engine, merged (0: this "
+                            "process does everything)")
+    frontend_batches: int = option(2, "with --frontends: batches each front end may have at the engine at once")
     threads: int = option(0, "intra-op threads per instance (0: the CPUs this process may use / instances)")
     max_delay_ms: float = option(2.0, "longest wait for a batch to fill")
     preferred_batch_sizes: tuple[int, ...] = option((), "batch sizes to aim for, e.g. 8,16", flag="--preferred-batch",
@@ -54,6 +58,8 @@ class ReplicaConfig:
                 raise ValueError(f"{name} must be in 0..65535, got {value}")
         if self.instances < 1:
             raise ValueError(f"instances must be >= 1, got {self.instances}")
+        if self.frontends < 0 or self.frontend_batches < 1:
+            raise ValueError("frontends must be >= 0 and frontend_batches >= 1")
         if self.threads < 0:
             raise ValueError(f"threads must be >= 0 (0: automatic), got {self.threads}")
         if self.max_delay_ms < 0 or self.drain_grace_s < 0 or self.drain_timeout_s <= 0 or self.extra_latency_ms < 0 \

@@ -16,7 +16,9 @@ import asyncio
 import logging
 import signal
 import time
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
+from pathlib import Path
 
 from aiohttp import web
 
@@ -39,6 +41,7 @@ from fleetserve.telemetry import otel
 from fleetserve.telemetry.access_log import AccessLog
 from fleetserve.telemetry.gpu import GpuMonitor
 from fleetserve.telemetry.metrics import ReplicaMetrics
+from fleetserve.telemetry.scrape import PROCESSES, WorkerScrape, WorkerSet
 
 log = logging.getLogger(__name__)
 
@@ -58,6 +61,7 @@ class Replica:
     gpu: GpuMonitor | None = None
     tracing: otel.Tracing | None = None
     access: AccessLog | None = None
+    scrape: WorkerScrape | None = None
 
     async def drain(self) -> None:
         cfg = self.config
@@ -77,6 +81,8 @@ class Replica:
             await asyncio.to_thread(self.tracing.shutdown)  # exports what is queued
         if self.access is not None:
             self.access.flush()
+        if self.scrape is not None:
+            await self.scrape.close()
         log.info("drained; exiting")
 
 
@@ -91,40 +97,65 @@ def _gpu_monitor(device: str, metrics: ReplicaMetrics) -> GpuMonitor | None:
     return monitor
 
 
-async def start_replica(config: ReplicaConfig) -> Replica:
+@dataclass(frozen=True)
+class ServedEngine:
+    """What the servers need of the model besides its engine; picklable, so front-end processes get it too."""
+
+    name: str
+    platform: str
+    tokenizer_path: Path | None
+    embedding_output: str | None
+    max_seq: int
+
+
+async def load_engine(config: ReplicaConfig) -> tuple[Engine, ServedEngine]:
+    """Build (or find in the cache) and load the engine ``config`` names, with its fault injection."""
     built = await asyncio.to_thread(build, config.engine, quiet=True)
     engine: Engine = await asyncio.to_thread(built.load, config.threads or threads_per_instance(config.instances))
     if config.batch_latency_ms:
         engine = SlowEngine(engine, config.batch_latency_ms / 1000)
-    name = config.model_name or built.model.name
+    meta = built.model.meta
+    served = ServedEngine(config.model_name or built.model.name, PLATFORMS.get(built.backend.name, built.backend.name),
+                          built.model.tokenizer_path, meta.embedding_output if meta is not None else None,
+                          built.profile.max_seq)
+    return engine, served
+
+
+def batcher_config(config: ReplicaConfig, max_delay_s: float, max_queue: int) -> BatcherConfig:
+    """The batching ``config`` asks for, with a given longest wait and queue bound."""
+    return BatcherConfig(
+        max_batch=config.engine.max_batch, max_delay_s=max_delay_s,
+        preferred_batch_sizes=config.preferred_batch_sizes, max_queue=max_queue,
+        default_timeout_s=config.default_timeout_ms / 1000 if config.default_timeout_ms else None,
+        group_by_length=config.padding != "longest",
+        pad_to="bucket" if config.padding == "fixed" else "longest",
+        seq_buckets=(config.fixed_seq,) if config.padding == "fixed" else None,
+        promote_overdue=config.promote_overdue,
+    )
+
+
+async def start_replica(config: ReplicaConfig, loaded: tuple[Engine, ServedEngine] | None = None, *,
+                        instances: int | None = None, siblings: WorkerSet | None = None) -> Replica:
+    """Listen and serve ``loaded`` (default: the engine ``config`` names) through ``instances`` concurrent
+    batches (default ``config.instances``). ``siblings``: this process is one front end of several, sharing
+    the ports and answering ``/metrics`` for them all."""
+    engine, served = loaded if loaded is not None else await load_engine(config)
+    instances = instances or config.instances
+    name = served.name
     metrics = ReplicaMetrics(name)
-    metrics.instances.labels(name).set(config.instances)
-    meter = LoadMeter(metrics, config.instances)
-    batcher = Batcher(
-        engine,
-        BatcherConfig(
-            max_batch=config.engine.max_batch, max_delay_s=config.max_delay_ms / 1000,
-            preferred_batch_sizes=config.preferred_batch_sizes, max_queue=config.max_queue,
-            default_timeout_s=config.default_timeout_ms / 1000 if config.default_timeout_ms else None,
-            group_by_length=config.padding != "longest",
-            pad_to="bucket" if config.padding == "fixed" else "longest",
-            seq_buckets=(config.fixed_seq,) if config.padding == "fixed" else None,
-            promote_overdue=config.promote_overdue,
-        ),
-        instances=config.instances, observer=meter,
-    )
+    metrics.instances.labels(name).set(instances)
+    meter = LoadMeter(metrics, instances)
+    batcher = Batcher(engine, batcher_config(config, config.max_delay_ms / 1000, config.max_queue),
+                      instances=instances, observer=meter)
     await batcher.start()
-    model = BatchedModel(
-        name, batcher, engine.inputs, engine.outputs, config.engine.max_batch,
-        PLATFORMS.get(built.backend.name, built.backend.name), extra_latency_s=config.extra_latency_ms / 1000,
-    )
+    model = BatchedModel(name, batcher, engine.inputs, engine.outputs, config.engine.max_batch, served.platform,
+                         extra_latency_s=config.extra_latency_ms / 1000)
     repo = ModelRepository([model])
     text = None
-    meta = built.model.meta
-    if built.model.tokenizer_path is not None and meta is not None and meta.embedding_output:
-        max_tokens = config.fixed_seq if config.padding == "fixed" else built.profile.max_seq
-        tokenizer = TextTokenizer(built.model.tokenizer_path, max_tokens)
-        text = TextService(model, tokenizer, meta.embedding_output, TextLimits(),
+    if served.tokenizer_path is not None and served.embedding_output:
+        max_tokens = config.fixed_seq if config.padding == "fixed" else served.max_seq
+        tokenizer = TextTokenizer(served.tokenizer_path, max_tokens)
+        text = TextService(model, tokenizer, served.embedding_output, TextLimits(),
                            on_truncated=metrics.truncated.labels(name).inc)
     limits = CodecLimits(max_json_bytes=config.max_body_bytes, max_total_bytes=4 * config.max_body_bytes)
     from fleetserve.replica.app import build_app
@@ -133,49 +164,66 @@ async def start_replica(config: ReplicaConfig) -> Replica:
     load = LoadReporter(batcher, meter, gpu.load_metrics if gpu is not None else None)
     tracing = otel.start_tracing(config.tracing, "fleetserve-replica")
     access = AccessLog.create(config.access_log)
+    scrape = None if siblings is None else WorkerScrape(siblings, metrics.render, PROCESSES)
+    if scrape is not None:
+        await scrape.start()
     app = build_app(repo, batcher, metrics, text=text, limits=limits, max_body_bytes=config.max_body_bytes,
-                    load=load, tracing=tracing, access=access)
+                    load=load, tracing=tracing, access=access, scrape=None if scrape is None else scrape.render)
     # handler_cancellation: a client that hangs up cancels its handler, which takes its work out of the queue.
     runner = web.AppRunner(app, access_log=None, handle_signals=False, shutdown_timeout=config.drain_timeout_s,
                            handler_cancellation=True)
     await runner.setup()
-    site = web.TCPSite(runner, config.host, config.port, backlog=1024)
+    site = web.TCPSite(runner, config.host, config.port, backlog=1024, reuse_port=siblings is not None or None)
     await site.start()
     http_port = runner.addresses[0][1]
     grpc = None
     if config.grpc_port:
         grpc = await start_grpc_server(repo, GrpcServerConfig(config.host, config.grpc_port), limits, load,
                                        tracing, access)
-    return Replica(config, repo, model, batcher, metrics, runner, grpc, http_port, gpu, tracing, access)
+    return Replica(config, repo, model, batcher, metrics, runner, grpc, http_port, gpu, tracing, access, scrape)
 
 
 async def serve(config: ReplicaConfig) -> int:
+    if config.frontends:
+        from fleetserve.replica.frontends import serve_frontends
+
+        return await serve_frontends(config)
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(sig, stop.set)
     replica = await start_replica(config)
+    # Parsed by `fleetserve up` and the tests.
+    await serve_until(replica, stop, lambda: print(f"fleetserve replica ready http://{config.host}:{replica.http_port}",
+                                                   flush=True))
+    return 0
+
+
+async def serve_until(replica: Replica, stop: asyncio.Event, announce: Callable[[], None],
+                      warmup_shapes: Sequence[tuple[int, int]] | None = None) -> None:
+    """Warm up (on ``warmup_shapes``, default every shape), turn ready and ``announce`` it, serve until ``stop``
+    is set, then drain."""
+    config = replica.config
     grpc_note = f" grpc {config.host}:{replica.grpc.port}" if replica.grpc else ""
     log.info("listening on http://%s:%d%s; warming up", config.host, replica.http_port, grpc_note)
     t0 = time.perf_counter()
-    warm = asyncio.create_task(_warm_up(replica.batcher, config.warmup_delay_s))
+    warm = asyncio.create_task(_warm_up(replica.batcher, warmup_shapes, config.warmup_delay_s))
     done, _ = await asyncio.wait({warm, asyncio.create_task(stop.wait())}, return_when=asyncio.FIRST_COMPLETED)
     if warm in done:
         warm.result()
         replica.model.warm = True
-        log.info("ready: model %s warm on %d shapes in %.1f s", replica.model.name,
-                 len(replica.batcher.warmup_shapes), time.perf_counter() - t0)
-        # Parsed by `fleetserve up` and the tests.
-        print(f"fleetserve replica ready http://{config.host}:{replica.http_port}", flush=True)
+        shapes = replica.batcher.warmup_shapes if warmup_shapes is None else warmup_shapes
+        log.info("ready: model %s warm on %d shapes in %.1f s", replica.model.name, len(shapes),
+                 time.perf_counter() - t0)
+        announce()
         await stop.wait()
     await replica.drain()
     if not warm.done():
         warm.cancel()
-    return 0
 
 
-async def _warm_up(batcher: Batcher, delay_s: float) -> None:
-    await batcher.warmup()
+async def _warm_up(batcher: Batcher, shapes: Sequence[tuple[int, int]] | None, delay_s: float) -> None:
+    await batcher.warmup(shapes)
     if delay_s:
         await asyncio.sleep(delay_s)
 

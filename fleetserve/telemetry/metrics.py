@@ -78,3 +78,45 @@ class ReplicaMetrics:
 
     def render(self) -> bytes:
         return generate_latest(self.registry)
+
+
+class EngineMetrics:
+    """The engine process's own metrics with ``serve --frontends N``: the engine calls it made from the front
+    ends' batches (a front end's ``fleetserve_batch_size`` counts the batches it sent; these, what the engine ran)."""
+
+    def __init__(self, model: str, registry: CollectorRegistry | None = None) -> None:
+        self.registry = registry or CollectorRegistry()
+        ProcessCollector(registry=self.registry)
+        r = self.registry
+        self.batch_size = Histogram("fleetserve_engine_batch_size", "Rows per engine call of the engine process",
+                                    ["model"], buckets=BATCH_BUCKETS, registry=r)
+        self.merged = Histogram("fleetserve_engine_merged_batches", "Front ends' batches merged into one engine call",
+                                ["model"], buckets=BATCH_BUCKETS, registry=r)
+        self.compute = Histogram("fleetserve_engine_compute_seconds", "Time of one engine call", ["model"],
+                                 buckets=LATENCY_BUCKETS, registry=r)
+        self.queue_wait = Histogram("fleetserve_engine_queue_seconds", "Time a front end's batch waited for the "
+                                    "engine", ["model"], buckets=LATENCY_BUCKETS, registry=r)
+        self._batch_h = self.batch_size.labels(model)
+        self._merged_h = self.merged.labels(model)
+        self._compute_h = self.compute.labels(model)
+        self._queue_h = self.queue_wait.labels(model)
+
+    # BatchObserver
+    def on_batch(self, size: int, seq: int, queue_wait_s: list[float], compute_s: float) -> None:
+        self._batch_h.observe(size)
+        self._merged_h.observe(len(queue_wait_s))
+        self._compute_h.observe(compute_s)
+        for wait in queue_wait_s:
+            self._queue_h.observe(wait)
+
+    def on_expired(self, n: int) -> None:
+        pass  # front ends send no deadlines: their own batchers expired what was late
+
+    def on_rejected(self) -> None:
+        pass  # the queue is bounded by front ends x batches each, so nothing is refused while serving
+
+    def on_cancelled(self, n: int) -> None:
+        pass  # a front end's batch cannot be cancelled once sent
+
+    def render(self) -> bytes:
+        return generate_latest(self.registry)

@@ -163,6 +163,16 @@ def test_split_cuts_sequence_outputs_to_each_requests_length() -> None:
     assert (first["last_hidden_state"] >= 0).all()
 
 
+def test_split_without_copies_gives_views_of_the_engine_outputs() -> None:
+    lay = layout()
+    requests = [lay.validate(pair(1, 2)), lay.validate(pair(2, 5))]
+    hidden = np.zeros((3, 8, 3), np.float32)
+    first, second = lay.split({"last_hidden_state": hidden}, requests, 8, copy=False)
+    assert first["last_hidden_state"].shape == (1, 2, 3) and second["last_hidden_state"].shape == (2, 5, 3)
+    hidden[:] = 7
+    assert (first["last_hidden_state"] == 7).all() and (second["last_hidden_state"] == 7).all()
+
+
 def test_split_rejects_outputs_with_the_wrong_number_of_rows() -> None:
     lay = layout()
     with pytest.raises(RuntimeError, match="engine output 'sentence_embedding' has shape \\[2, 3\\]; expected 1"):

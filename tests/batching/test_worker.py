@@ -270,6 +270,13 @@ async def test_warmup_runs_every_shape_on_every_instance(make_batcher: MakeBatch
     assert sorted(engine.calls) == sorted(batcher.warmup_shapes * 2)
 
 
+async def test_warmup_runs_only_the_shapes_asked_for(make_batcher: MakeBatcher, engine: TinyEngine) -> None:
+    batcher = make_batcher(instances=2, max_batch=4)
+    await batcher.start()
+    await batcher.warmup([(1, 8)])
+    assert engine.calls == [(1, 8), (1, 8)]
+
+
 async def test_requests_wait_while_warmup_holds_the_instances(
     make_batcher: MakeBatcher, make_request: MakeRequest, gate: Gate, engine: TinyEngine
 ) -> None:

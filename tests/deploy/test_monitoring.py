@@ -24,6 +24,8 @@ NOT_ON_A_PANEL = {
     "fleetserve_engine_instances",
     # How many workers' metrics a --workers N scrape merged: a check of the scrape itself, constant while it runs.
     "fleetserve_gateway_workers",
+    # The same for a --frontends N replica: its front ends and its engine process.
+    "fleetserve_replica_processes",
     # The adaptive limit's no-load latency: an input the limit panel already shows the effect of.
     "fleetserve_gateway_min_rtt_seconds",
 }
@@ -38,8 +40,8 @@ def _registries() -> list[Any]:
     from fleetserve.gateway.edge.config import AdaptiveConcurrencyConfig
     from fleetserve.gateway.edge.guards import EdgeGuards
     from fleetserve.gateway.metrics import GatewayMetrics
-    from fleetserve.telemetry.scrape import merge
-    from fleetserve.telemetry.metrics import ReplicaMetrics
+    from fleetserve.telemetry.metrics import EngineMetrics, ReplicaMetrics
+    from fleetserve.telemetry.scrape import PROCESSES, merge
 
     gateway = GatewayMetrics().registry
     EdgeGuards.create(EdgeConfig(rate_limits=(RateLimitRule(rate=100.0, burst=10),),
@@ -47,7 +49,9 @@ def _registries() -> list[Any]:
     AutoscaleMetrics(gateway, "hpa", lambda: 0)
     merged = CollectorRegistry()  # what a --workers N scrape adds to the families above
     merged.register(_Parsed(merge([generate_latest(gateway).decode()] * 2).decode()))
-    return [ReplicaMetrics("m").registry, gateway, merged]
+    replica = CollectorRegistry()  # what a --frontends N scrape adds
+    replica.register(_Parsed(merge([generate_latest(EngineMetrics("m").registry).decode()], PROCESSES).decode()))
+    return [ReplicaMetrics("m").registry, EngineMetrics("m").registry, gateway, merged, replica]
 
 
 class _Parsed:
@@ -57,7 +61,7 @@ class _Parsed:
         self._families = list(text_string_to_metric_families(text))
 
     def collect(self) -> list[Any]:
-        return [f for f in self._families if f.name == "fleetserve_gateway_workers"]
+        return [f for f in self._families if f.name in ("fleetserve_gateway_workers", "fleetserve_replica_processes")]
 
 
 def _exported_series() -> set[str]:
