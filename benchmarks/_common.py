@@ -77,6 +77,17 @@ class NotReady(RuntimeError):
     """A server under test exited, or did not get ready in time."""
 
 
+def mean_batch(before: Sequence[dict[str, float]], after: Sequence[dict[str, float]]) -> float | None:
+    """Rows per engine call over the replicas between two scrapes: the engine process's calls
+    (``fleetserve_engine_batch_size``) for a replica with ``--frontends``, else ``fleetserve_batch_size``."""
+    total = {"rows": 0.0, "calls": 0.0}
+    for a, b in zip(after, before, strict=True):
+        name = "fleetserve_engine_batch_size" if "fleetserve_engine_batch_size_count" in a else "fleetserve_batch_size"
+        total["rows"] += a.get(f"{name}_sum", 0) - b.get(f"{name}_sum", 0)
+        total["calls"] += a.get(f"{name}_count", 0) - b.get(f"{name}_count", 0)
+    return total["rows"] / total["calls"] if total["calls"] else None
+
+
 def wait_ready(ready: Callable[[], bool], procs: Sequence[subprocess.Popen[Any]], timeout_s: float,
                what: str, poll_s: float = 0.1) -> None:
     """Poll ``ready()`` (an OSError or ValueError counts as not ready) until it holds; raise :class:`NotReady`

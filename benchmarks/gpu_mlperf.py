@@ -63,6 +63,7 @@ class RunConfig:
     # Online, each bucket is its own queue: fewer buckets than offline make fuller batches.
     server_seq_buckets: tuple[int, ...] = (128, 192, 256, 384)
     server_max_delay_ms: float = 16.0
+    server_frontends: int = 0  # front-end processes per replica (`serve --frontends`); 0: one process each
     gateway_workers: int = 4
     samples: int = 10833
     rates: tuple[float, ...] = (3000.0, 5000.0, 6000.0, 7000.0)
@@ -178,7 +179,7 @@ def server(cfg: RunConfig, replicas_n: int, instances: int) -> list[dict[str, An
     from fleetserve.bench.scenarios import tree_cpu_seconds
     from fleetserve.deploy.local import free_port
 
-    from _common import scrape
+    from _common import mean_batch, scrape
 
     seed_store(cfg)  # the torch-cuda build reads the zoo's PyTorch model: no ONNX export of 1.3 GB
     cli = [sys.executable, "-m", "fleetserve.cli"]
@@ -200,7 +201,7 @@ def server(cfg: RunConfig, replicas_n: int, instances: int) -> list[dict[str, An
                     "--seq-buckets", ",".join(map(str, cfg.server_seq_buckets)), "--instances", str(instances),
                     "--max-delay-ms", str(cfg.server_max_delay_ms), "--promote-overdue", "--host", "127.0.0.1",
                     "--port", str(port), "--grpc-port", "0", "--max-queue", "65536", "--drain-grace-s", "0",
-                    "--drain-timeout-s", "2"]
+                    "--drain-timeout-s", "2", "--frontends", str(cfg.server_frontends)]
             replicas.append(Proc(argv, cfg.home / f"replica{i}.log"))
             bases.append(f"http://127.0.0.1:{port}")
             procs.append(replicas[-1])
@@ -252,15 +253,6 @@ def server(cfg: RunConfig, replicas_n: int, instances: int) -> list[dict[str, An
     return points
 
 
-def mean_batch(before: list[dict[str, float]], after: list[dict[str, float]]) -> float | None:
-    """Rows per engine call over the replicas between two scrapes of their ``fleetserve_batch_size``."""
-    rows = sum(a.get("fleetserve_batch_size_sum", 0) - b.get("fleetserve_batch_size_sum", 0)
-               for a, b in zip(after, before, strict=True))
-    calls = sum(a.get("fleetserve_batch_size_count", 0) - b.get("fleetserve_batch_size_count", 0)
-                for a, b in zip(after, before, strict=True))
-    return rows / calls if calls else None
-
-
 def markdown(results: dict[str, Any]) -> str:
     cfg = results["config"]
     lines = [f"MLPerf-style BERT-Large: {results.get('gpu')}; {cfg['model']}, max {cfg['max_seq']} tokens, batch "
@@ -277,7 +269,8 @@ def markdown(results: dict[str, Any]) -> str:
                      f"{100 * r['padding_overhead']:.0f}% | {'' if cos is None else f'{cos:.4f}'} | {ref:,} |")
     buckets = ",".join(map(str, cfg["server_seq_buckets"]))
     lines += ["", f"server ({cfg['server_precision']}, replicas sharing the GPU behind the gateway, buckets {buckets}, "
-              f"--max-delay-ms {cfg['server_max_delay_ms']:g} --promote-overdue; Poisson; p99 bound "
+              f"--max-delay-ms {cfg['server_max_delay_ms']:g} --promote-overdue "
+              f"--frontends {cfg.get('server_frontends', 0)}; Poisson; p99 bound "
               f"{cfg['p99_ms']:.0f} ms):", "",
               "| replicas x instances | offered/s | achieved/s | p50 ms | p99 ms | errors | within bound | mean batch "
               "| GPU util | replica cores | gateway cores |", "|---|---:|---:|---:|---:|---:|---|---:|---:|---:|---:|"]
@@ -323,6 +316,7 @@ def parse_args(argv: list[str] | None = None) -> RunConfig:
     p.add_argument("--samples", type=int)
     p.add_argument("--server-fleets", type=fleets, help="replicas x instances each, e.g. 2x2,4x1")
     p.add_argument("--server-max-delay-ms", type=float)
+    p.add_argument("--server-frontends", type=int, help="front-end processes per replica (serve --frontends)")
     p.add_argument("--server-seq-buckets", type=lambda s: tuple(int(x) for x in s.split(",") if x))
     p.add_argument("--gateway-workers", type=int)
     p.add_argument("--rates", type=floats)
@@ -335,7 +329,8 @@ def parse_args(argv: list[str] | None = None) -> RunConfig:
     a = p.parse_args(argv)
     overrides = {"precisions": a.precisions, "server_precision": a.server_precision, "max_batch": a.max_batch,
                  "instances": a.instances, "server_fleets": a.server_fleets,
-                 "server_max_delay_ms": a.server_max_delay_ms, "server_seq_buckets": a.server_seq_buckets,
+                 "server_max_delay_ms": a.server_max_delay_ms, "server_frontends": a.server_frontends,
+                 "server_seq_buckets": a.server_seq_buckets,
                  "gateway_workers": a.gateway_workers, "samples": a.samples, "rates": a.rates, "p99_ms": a.p99_ms,
                  "duration_s": a.duration, "bench_processes": a.bench_processes, "phases": a.phases, "out": a.out,
                  "home": a.home}

@@ -51,7 +51,7 @@ sys.path.insert(0, str(ROOT))
 from fleetserve.bench.scenarios import tree_cpu_seconds  # noqa: E402
 from fleetserve.deploy.local import free_port  # noqa: E402
 
-from _common import NotReady, http_get, machine_cpu_s, scrape, wait_ready  # noqa: E402
+from _common import NotReady, http_get, machine_cpu_s, mean_batch, process_cpu_s, scrape, wait_ready  # noqa: E402
 
 CLI = [sys.executable, "-m", "fleetserve.cli"]
 WORKLOADS = ("v2-binary", "texts", "rank")
@@ -217,6 +217,8 @@ def bench_point(cfg: RunConfig, url: str, concurrency: int, processes: int, serv
         argv += ["--candidates", str(cfg.candidates)]
     before = [scrape(b) for b in bases]
     cpu0 = {k: sum(tree_cpu_seconds(p.popen.pid) for p in v) for k, v in servers.items()}
+    # A replica's own process alone: with --frontends, the engine process (its front ends are its children).
+    root0 = sum(process_cpu_s(p.popen.pid) for p in servers.get("replica", []))
     m0, t0, kids0 = machine_cpu_s(), time.monotonic(), children_cpu_s()
     done = subprocess.run(argv, capture_output=True, text=True, timeout=cfg.duration_s + cfg.warmup_s + 60)
     t1 = time.monotonic()
@@ -230,11 +232,8 @@ def bench_point(cfg: RunConfig, url: str, concurrency: int, processes: int, serv
     point.update({f"{k}_cores": (sum(tree_cpu_seconds(p.popen.pid) for p in v) - cpu0[k]) / wall
                   for k, v in servers.items()})
     point["machine_cores"] = (machine_cpu_s() - m0) / wall
-    rows = sum(a.get("fleetserve_batch_size_sum", 0) - b.get("fleetserve_batch_size_sum", 0)
-               for a, b in zip(after, before, strict=True))
-    calls = sum(a.get("fleetserve_batch_size_count", 0) - b.get("fleetserve_batch_size_count", 0)
-                for a, b in zip(after, before, strict=True))
-    point["mean_batch_rows"] = rows / calls if calls else None
+    point["replica_root_cores"] = (sum(process_cpu_s(p.popen.pid) for p in servers.get("replica", [])) - root0) / wall
+    point["mean_batch_rows"] = mean_batch(before, after)
     gauges = [a["fleetserve_gpu_utilization_ratio"] for a in after if "fleetserve_gpu_utilization_ratio" in a]
     point["replica_gpu_gauge"] = max(gauges) if gauges else None
     point["bench_cores"] = bench_cpu / wall  # the generator's processes, start-up included

@@ -69,6 +69,19 @@ def test_gpu_server_report_has_percent_of_raw(tmp_path: Path) -> None:
     assert "| out of time |" in text and "fleetserve gateway --workers 2" in text
 
 
+def test_mean_batch_reads_the_engine_process_of_a_replica_with_front_ends() -> None:
+    common = script("_common")
+    plain = [{"fleetserve_batch_size_sum": 10.0, "fleetserve_batch_size_count": 5.0}]
+    fronted = [{"fleetserve_batch_size_sum": 40.0, "fleetserve_batch_size_count": 20.0,
+                "fleetserve_engine_batch_size_sum": 40.0, "fleetserve_engine_batch_size_count": 4.0}]
+    assert common.mean_batch([{}], plain) == 2.0
+    assert common.mean_batch([{}], fronted) == 10.0
+    assert common.mean_batch(plain, plain) is None
+    assert common.mean_batch(plain, [{"fleetserve_batch_size_sum": 50.0, "fleetserve_batch_size_count": 10.0}]) == 8.0
+    gm = script("gpu_mlperf")
+    assert gm.parse_args(["--server-frontends", "4"]).server_frontends == 4
+
+
 def test_gpu_engine_script_parses_and_reports() -> None:
     pytest.importorskip("torch")
     gpu = script("gpu")
@@ -130,8 +143,6 @@ def test_gpu_mlperf_plans_padded_batches_and_reports_against_mlperf() -> None:
     text = gm.markdown({"gpu": "NVIDIA H200", "config": gm.asdict(cfg), "offline": offline, "server": server})
     assert "| fp16 | 8,100 | 185 | 10% | 0.9991 | 7,940 |" in text and "| fp8 | failed: RuntimeError: no" in text
     assert "| 3 x 2 | 1,000 | 999 | 20.0 | 60.0 | 0 | yes |  |  |  |  |" in text
-    assert gm.mean_batch([{"fleetserve_batch_size_sum": 10, "fleetserve_batch_size_count": 5}],
-                         [{"fleetserve_batch_size_sum": 50, "fleetserve_batch_size_count": 10}]) == 8.0
     assert "server result: 999 samples/s within the bound (MLPerf v4.0 one H100: 6,096)" in text
 
 
