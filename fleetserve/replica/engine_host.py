@@ -7,13 +7,14 @@ thread that takes the oldest queued batch and every other queued batch of the sa
 in ``max_batch`` rows, runs them as one engine call (a lone batch as its front end padded it) and sends each
 front end its rows. Batches that arrive while an instance is busy wait and merge into its next call.
 
-Measured on the H200 host (BENCHMARKS §10.1): the same work through an asyncio server and the replica's
-batcher took about 0.8 of a core at ≈ 6k front-end batches a second and capped the replica near 12k
-requests/s. A leader/follower variant (Schmidt et al., 2000: the thread that received a batch runs it when
-an instance is free, no handoff) cost less CPU per batch on the 2-core box (125 vs 178 µs, one connection,
-``benchmarks/engine_host.py``), but its leaders either
-starved their own connection under load or, handing the instance on to fairly drain the queue, served half
-the requests per second on the GPU: the engine calls there wait for the interpreter lock among more threads.
+Without an engine (``benchmarks/engine_host.py``, 2-core box) this costs 189 µs of the process's CPU per batch
+from one connection and 159 µs from four, against 424 and 266 µs for the first version, an asyncio server
+feeding the replica's batcher; on the H200 host the two served the same requests/s, their engine process busy
+0.6–1.0 of a core either way (BENCHMARKS §10.6). A leader/follower variant (Schmidt et al., 2000: the thread
+that received a batch runs it when an instance is free, no handoff) cost less per batch on the 2-core box
+(125 vs 178 µs, one connection), but its leaders either starved their own connection under load or, handing
+the instance on to drain the queue fairly, served 8.4k instead of 10k minilm requests/s on the GPU.
+
 The queue needs no bound of its own: each connection has one batch here at a time (the front end waits for
 its answer), so it holds at most front ends × ``--frontend-batches`` batches.
 """
