@@ -121,7 +121,6 @@ def build_app(
         return web.json_response({"status": state}, status=503, headers={RETRY_AFTER: "1"})
 
     async def prometheus(request: web.Request) -> web.Response:
-        metrics.queue_depth.labels(metrics.model).set(batcher.queue_depth)
         body = metrics.render() if scrape is None else await scrape()
         return web.Response(body=body, content_type="text/plain", charset="utf-8")
 

@@ -12,7 +12,7 @@ from one connection and 159 µs from four, against 424 and 266 µs for the first
 feeding the replica's batcher; on the H200 host the two served the same requests/s, their engine process busy
 0.6–1.0 of a core either way (BENCHMARKS §10.6). A leader/follower variant (Schmidt et al., 2000: the thread
 that received a batch runs it when an instance is free, no handoff) cost less per batch on the 2-core box
-(125 vs 178 µs, one connection), but its leaders either starved their own connection under load or, handing
+(125 vs 178–189 µs, one connection), but its leaders either starved their own connection under load or, handing
 the instance on to drain the queue fairly, served 8.4k instead of 10k minilm requests/s on the GPU.
 
 The queue needs no bound of its own: each connection has one batch here at a time (the front end waits for
@@ -26,11 +26,12 @@ import contextlib
 import io
 import logging
 import socket
+import struct
 import threading
 import time
 from collections import deque
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 import numpy as np
 
@@ -40,6 +41,9 @@ from fleetserve.engine.base import Engine, EngineInstance
 from fleetserve.replica.engine_link import PREFIX, LinkError, decode, encode, error_fields, sizes
 
 log = logging.getLogger(__name__)
+
+# Longest a dispatcher blocks sending one answer: a healthy front end reads its answer at once.
+SEND_TIMEOUT_S = 5.0
 
 
 @dataclass(eq=False)
@@ -51,10 +55,6 @@ class _Frame:
     bucket: int
     outputs: frozenset[str] | None
     arrived: float
-    rows: int = field(init=False)
-
-    def __post_init__(self) -> None:
-        self.rows = self.request.rows
 
 
 def _read_exactly(stream: io.BufferedReader, n: int) -> bytes | None:
@@ -73,6 +73,7 @@ class EngineHost:
     def __init__(
         self, engine: Engine, path: str, *, max_batch: int, seq_buckets: Sequence[int] | None = None,
         instances: int = 1, observer: BatchObserver | None = None, clock: Callable[[], float] = time.monotonic,
+        send_timeout_s: float = SEND_TIMEOUT_S,
     ) -> None:
         if max_batch < 1 or instances < 1:
             raise ValueError("max_batch and instances must be >= 1")
@@ -85,6 +86,7 @@ class EngineHost:
         self._n = instances
         self._observer: BatchObserver = observer or NullObserver()
         self._clock = clock
+        self._send_timeout = struct.pack("ll", int(send_timeout_s), int(send_timeout_s % 1 * 1e6))
         self._lock = threading.Lock()
         self._queued = threading.Condition(self._lock)
         self._idle_changed = threading.Condition(self._lock)
@@ -115,8 +117,9 @@ class EngineHost:
         self._listener = listener
         threading.Thread(target=self._accept, name="fleetserve-engine-accept", args=(listener,), daemon=True).start()
 
-    def close(self, timeout_s: float) -> None:
-        """Stop taking connections and wait, at most ``timeout_s``, for the engine calls under way."""
+    def close(self, timeout_s: float) -> bool:
+        """Stop taking connections and wait, at most ``timeout_s``, for the engine calls under way; True if
+        none is left running (the engine can then be closed)."""
         if self._listener is not None:
             with contextlib.suppress(OSError):
                 self._listener.shutdown(socket.SHUT_RDWR)
@@ -125,9 +128,11 @@ class EngineHost:
         with self._idle_changed:
             while (self._pending or self._busy) and (left := deadline - self._clock()) > 0:
                 self._idle_changed.wait(left)
+            idle = not self._pending and not self._busy
         for connection in list(self._connections):
             with contextlib.suppress(OSError):
                 connection.shutdown(socket.SHUT_RDWR)
+        return idle
 
     def _accept(self, listener: socket.socket) -> None:
         while True:
@@ -135,6 +140,8 @@ class EngineHost:
                 connection, _ = listener.accept()
             except OSError:
                 return  # closed
+            # A front end that stops reading (frozen, or broken mid-answer) must not hold a dispatcher forever.
+            connection.setsockopt(socket.SOL_SOCKET, socket.SO_SNDTIMEO, self._send_timeout)
             self._connections.add(connection)
             threading.Thread(target=self._serve, name="fleetserve-engine-link", args=(connection,),
                              daemon=True).start()
@@ -191,15 +198,14 @@ class EngineHost:
                     self._idle_changed.notify_all()
 
     def _take(self) -> list[_Frame]:
-        """The oldest queued batch and every other of its bucket that fits; the caller holds the lock."""
-        if not self._pending:
-            return []
+        """The oldest queued batch and every other of its bucket that fits; the caller holds the lock and
+        something is queued."""
         bucket = self._pending[0].bucket
         taken, kept, rows = [], deque[_Frame](), 0
         for frame in self._pending:
-            if frame.bucket == bucket and rows + frame.rows <= self._max_batch:
+            if frame.bucket == bucket and rows + frame.request.rows <= self._max_batch:
                 taken.append(frame)
-                rows += frame.rows
+                rows += frame.request.rows
             else:
                 kept.append(frame)
         self._pending = kept
@@ -219,12 +225,14 @@ class EngineHost:
             compute_s = self._clock() - started
             # Views: each is encoded (copied) before this instance runs again.
             parts: list[dict[str, np.ndarray]] = self._layout.split(outputs, requests, seq, copy=False)
-            answers = [encode(part) for part in parts]
+            # Each front end gets only what it asked for, whatever the merged call computed.
+            answers = [encode(part if f.outputs is None else {k: v for k, v in part.items() if k in f.outputs})
+                       for f, part in zip(frames, parts, strict=True)]
         except Exception as exc:  # every front end of the call gets the error; the engine keeps serving
             log.warning("engine call of %d front-end batches (seq %d) failed: %r", len(frames), seq, exc)
             answers = [encode({}, error=error_fields(exc))] * len(frames)
         else:
-            self._observer.on_batch(sum(f.rows for f in frames), seq, [started - f.arrived for f in frames],
+            self._observer.on_batch(sum(f.request.rows for f in frames), seq, [started - f.arrived for f in frames],
                                     compute_s)
         for frame, answer in zip(frames, answers, strict=True):
             self._send(frame, answer)
@@ -234,4 +242,8 @@ class EngineHost:
         try:
             frame.connection.sendall(data)
         except OSError as exc:
-            log.warning("a front end left before its answer: %s", exc)
+            # Gone, or not reading (``send_timeout_s``): drop the connection rather than hold the instance; its
+            # front end answers that slot's requests 503 and the replica's supervisor sees a broken replica.
+            log.warning("dropping a front-end connection that did not take its answer: %s", exc)
+            with contextlib.suppress(OSError):
+                frame.connection.shutdown(socket.SHUT_RDWR)

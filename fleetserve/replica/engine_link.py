@@ -122,11 +122,12 @@ class _RemoteInstance:
         try:
             self._sock.sendall(encode(inputs, outputs=None if outputs is None else list(outputs)))
             head_len, body_len = sizes(self._read(PREFIX.size))
-            head = self._read(head_len)
-            body = self._read(body_len)
-        except OSError as exc:
+            header, arrays = decode(self._read(head_len), self._read(body_len))
+        except OSError as exc:  # LinkError included
+            # The stream's place in the frames is lost (a timeout, a half-read answer): never reuse it. This
+            # slot then answers NotReady at once; the engine process stops the replica if it is gone.
+            self.close()
             raise NotReady(f"the engine process is unreachable: {exc}") from exc
-        header, arrays = decode(head, body)
         if "error" in header:
             raise_error(header["error"])
         return arrays
@@ -144,7 +145,9 @@ class _RemoteInstance:
 
 class RemoteEngine:
     """The :class:`~fleetserve.engine.base.Engine` a front end batches for: its instances are connections to
-    the engine process at ``path``; shapes and tensor specs are the engine process's."""
+    the engine process at ``path``; shapes and tensor specs are the engine process's. ``timeout_s`` bounds
+    each call (None: the engine process's liveness is watched instead); a connection that fails or times out
+    is closed for good."""
 
     def __init__(self, path: str, inputs: Sequence[TensorSpec], outputs: Sequence[TensorSpec],
                  profile: ShapeProfile, device: str, timeout_s: float | None = None) -> None:

@@ -12,7 +12,8 @@ is printed once every front end is warm. SIGTERM/SIGINT reaches this process, wh
 front ends; they drain as a replica does (not ready, grace period, finish what they accepted) while the
 engine keeps serving them, and the engine drains last. A front end that dies stops the replica (exit 1),
 as a gateway worker's death stops the gateway; a front end whose engine process died stops itself.
-The ports are reserved here before the front ends start, so port 0 works and a clash fails at once.
+The ports are reserved here before the front ends start, so port 0 works and a port something already
+listens on fails at once.
 ``/metrics``, whichever front end answers, reports every front end and this process
 (:mod:`fleetserve.telemetry.scrape`).
 """
@@ -43,7 +44,7 @@ from fleetserve.replica.engine_link import RemoteEngine
 from fleetserve.replica.server import ServedEngine, load_engine, serve_until, start_replica
 from fleetserve.telemetry import logs
 from fleetserve.telemetry.metrics import EngineMetrics
-from fleetserve.telemetry.scrape import WorkerScrape, WorkerSet
+from fleetserve.telemetry.scrape import PROCESSES, WorkerScrape, WorkerSet
 
 log = logging.getLogger(__name__)
 
@@ -61,20 +62,28 @@ class _Link:
     profile: ShapeProfile
     device: str
     served: ServedEngine
-    siblings: WorkerSet
 
 
 def _reserve(host: str, port: int) -> socket.socket:
-    """A bound, not listening, SO_REUSEPORT socket holding ``port`` (0: a free one) for the front ends."""
+    """A bound, not listening, SO_REUSEPORT socket holding ``port`` (0: a free one) for the front ends.
+
+    SO_REUSEPORT would also let it share a port some other SO_REUSEPORT service (another such replica, a
+    ``gateway --workers N``) listens on, the kernel then splitting connections between the two; binding a
+    plain socket first fails with EADDRINUSE while anything listens there (SO_REUSEADDR: connections of an
+    earlier run in TIME_WAIT do not count)."""
     family, kind, proto, _, address = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM,
                                                          flags=socket.AI_PASSIVE)[0]
     sock = socket.socket(family, kind, proto)
-    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEPORT, 1)
     try:
+        if port:
+            with socket.socket(family, kind, proto) as probe:
+                probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+                probe.bind(address)
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEPORT, 1)
         sock.bind(address)
-    except OSError:
+    except OSError as exc:
         sock.close()
-        raise
+        raise OSError(exc.errno, f"cannot listen on {host}:{port}: {exc.strerror}") from None
     return sock
 
 
@@ -86,6 +95,7 @@ async def serve_frontends(config: ReplicaConfig) -> int:
         loop.add_signal_handler(sig, stop.set)
     engine, served = await load_engine(config)
     metrics = EngineMetrics(served.name)
+    metrics.instances.labels(served.name).set(config.instances)
     buckets = engine.profile.seq_buckets
     if config.padding == "fixed":
         buckets = (config.fixed_seq,)
@@ -95,6 +105,7 @@ async def serve_frontends(config: ReplicaConfig) -> int:
     host = EngineHost(engine, os.path.join(directory, "engine.sock"), max_batch=config.engine.max_batch,
                       seq_buckets=buckets, instances=config.instances, observer=metrics)
     reserved: list[socket.socket] = []
+    idle = True
     try:
         await asyncio.to_thread(host.start)
         reserved.append(_reserve(config.host, config.port))
@@ -103,17 +114,18 @@ async def serve_frontends(config: ReplicaConfig) -> int:
             reserved.append(_reserve(config.host, config.grpc_port))
             ports["grpc_port"] = reserved[1].getsockname()[1]
         siblings = [WorkerSet(directory, i, config.frontends + 1) for i in range(config.frontends + 1)]
-        scrape = WorkerScrape(siblings[-1], metrics.render)
+        scrape = WorkerScrape(siblings[-1], metrics.render, PROCESSES)
         await scrape.start()
-        link = _Link(host.path, engine.inputs, engine.outputs, engine.profile, engine.device, served, siblings[0])
-        code = await _run(dataclasses.replace(config, **ports), link, siblings, stop)
-        await asyncio.to_thread(host.close, config.drain_timeout_s)
+        link = _Link(host.path, engine.inputs, engine.outputs, engine.profile, engine.device, served)
+        code = 0 if stop.is_set() else await _run(dataclasses.replace(config, **ports), link, siblings, stop)
+        idle = await asyncio.to_thread(host.close, config.drain_timeout_s)
         await scrape.close()
         return code
     finally:
         for sock in reserved:
             sock.close()
-        engine.close()
+        if idle:  # an engine call still running past the drain timeout keeps its engine; the process exits
+            engine.close()
         shutil.rmtree(directory, ignore_errors=True)
 
 
@@ -126,8 +138,7 @@ async def _run(config: ReplicaConfig, link: _Link, siblings: list[WorkerSet], st
         ready_reader, ready_writer = context.Pipe(duplex=False)
         process = context.Process(
             target=_frontend_main, name=f"fleetserve-frontend-{i}",
-            args=(config, dataclasses.replace(link, siblings=siblings[i]), logs.settings(), ready_writer,
-                  alive_reader))
+            args=(config, link, siblings[i], logs.settings(), ready_writer, alive_reader))
         process.start()
         ready_writer.close()
         processes.append(process)
@@ -193,16 +204,17 @@ def _join(processes: list[SpawnProcess], limit_s: float) -> None:
             process.join()
 
 
-def _frontend_main(config: ReplicaConfig, link: _Link, log_settings: tuple[str, str], ready: Connection,
-                   alive: Connection) -> None:
+def _frontend_main(config: ReplicaConfig, link: _Link, siblings: WorkerSet, log_settings: tuple[str, str],
+                   ready: Connection, alive: Connection) -> None:
     logs.install(*log_settings)
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C reaches the engine process, which stops everyone
     with asyncio.Runner(loop_factory=loop_factory(config.loop)) as runner:
-        runner.run(_frontend(config, link, ready, alive))
+        runner.run(_frontend(config, link, siblings, ready, alive))
     sys.exit(0)
 
 
-async def _frontend(config: ReplicaConfig, link: _Link, ready: Connection, alive: Connection) -> None:
+async def _frontend(config: ReplicaConfig, link: _Link, siblings: WorkerSet, ready: Connection,
+                    alive: Connection) -> None:
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
     loop.add_signal_handler(signal.SIGTERM, stop.set)
@@ -215,7 +227,7 @@ async def _frontend(config: ReplicaConfig, link: _Link, ready: Connection, alive
     loop.add_reader(alive.fileno(), engine_gone)
     engine = RemoteEngine(link.path, link.inputs, link.outputs, link.profile, link.device)
     replica = await start_replica(config, (engine, link.served), instances=config.frontend_batches,
-                                  siblings=link.siblings)
+                                  siblings=siblings)
     try:
         # The engine process warmed every shape; one small batch per connection proves the link.
         await serve_until(replica, stop, lambda: ready.send(os.getpid()), replica.batcher.warmup_shapes[:1])

@@ -121,19 +121,6 @@ async def load_engine(config: ReplicaConfig) -> tuple[Engine, ServedEngine]:
     return engine, served
 
 
-def batcher_config(config: ReplicaConfig, max_delay_s: float, max_queue: int) -> BatcherConfig:
-    """The batching ``config`` asks for, with a given longest wait and queue bound."""
-    return BatcherConfig(
-        max_batch=config.engine.max_batch, max_delay_s=max_delay_s,
-        preferred_batch_sizes=config.preferred_batch_sizes, max_queue=max_queue,
-        default_timeout_s=config.default_timeout_ms / 1000 if config.default_timeout_ms else None,
-        group_by_length=config.padding != "longest",
-        pad_to="bucket" if config.padding == "fixed" else "longest",
-        seq_buckets=(config.fixed_seq,) if config.padding == "fixed" else None,
-        promote_overdue=config.promote_overdue,
-    )
-
-
 async def start_replica(config: ReplicaConfig, loaded: tuple[Engine, ServedEngine] | None = None, *,
                         instances: int | None = None, siblings: WorkerSet | None = None) -> Replica:
     """Listen and serve ``loaded`` (default: the engine ``config`` names) through ``instances`` concurrent
@@ -143,10 +130,24 @@ async def start_replica(config: ReplicaConfig, loaded: tuple[Engine, ServedEngin
     instances = instances or config.instances
     name = served.name
     metrics = ReplicaMetrics(name)
-    metrics.instances.labels(name).set(instances)
+    # With sibling front ends the engine process reports the engine's instances; these are batch slots.
+    metrics.instances.labels(name).set(instances if siblings is None else 0)
     meter = LoadMeter(metrics, instances)
-    batcher = Batcher(engine, batcher_config(config, config.max_delay_ms / 1000, config.max_queue),
-                      instances=instances, observer=meter)
+    batcher = Batcher(
+        engine,
+        BatcherConfig(
+            max_batch=config.engine.max_batch, max_delay_s=config.max_delay_ms / 1000,
+            preferred_batch_sizes=config.preferred_batch_sizes, max_queue=config.max_queue,
+            default_timeout_s=config.default_timeout_ms / 1000 if config.default_timeout_ms else None,
+            group_by_length=config.padding != "longest",
+            pad_to="bucket" if config.padding == "fixed" else "longest",
+            seq_buckets=(config.fixed_seq,) if config.padding == "fixed" else None,
+            promote_overdue=config.promote_overdue,
+        ),
+        instances=instances, observer=meter,
+    )
+    # Read at scrape time, whichever process renders it (a sibling front end's scrape too).
+    metrics.queue_depth.labels(name).set_function(lambda: batcher.queue_depth)
     await batcher.start()
     model = BatchedModel(name, batcher, engine.inputs, engine.outputs, config.engine.max_batch, served.platform,
                          extra_latency_s=config.extra_latency_ms / 1000)

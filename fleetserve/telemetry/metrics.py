@@ -96,6 +96,8 @@ class EngineMetrics:
                                  buckets=LATENCY_BUCKETS, registry=r)
         self.queue_wait = Histogram("fleetserve_engine_queue_seconds", "Time a front end's batch waited for the "
                                     "engine", ["model"], buckets=LATENCY_BUCKETS, registry=r)
+        # The replica's family: its front ends report 0 in it, so a merged scrape says the engine's count.
+        self.instances = Gauge("fleetserve_engine_instances", "Engine instances", ["model"], registry=r)
         self._batch_h = self.batch_size.labels(model)
         self._merged_h = self.merged.labels(model)
         self._compute_h = self.compute.labels(model)

@@ -11,8 +11,9 @@ there and merges them with its own:
   of amounts (requests in flight, table sizes);
 - gauges that are a worker's view of the same fleet (``fleetserve_gateway_backends{state}``) take the
   largest value, so two workers that each see three healthy backends report three, not six, as do the
-  adaptive limit's no-load latency (``fleetserve_gateway_min_rtt_seconds``) and a per-process limit
-  (``process_max_fds``);
+  adaptive limit's no-load latency (``fleetserve_gateway_min_rtt_seconds``), a per-process limit
+  (``process_max_fds``) and the GPU gauges (``fleetserve_gpu_*``: every front end of a replica samples the
+  same devices);
 - start times (``*_created``, ``process_start_time_seconds``) take the earliest.
 
 ``fleetserve_gateway_workers`` (a replica's: ``fleetserve_replica_processes``) says how many processes' metrics
@@ -47,6 +48,8 @@ PROCESSES = ("fleetserve_replica_processes", "Replica processes (front ends, eng
 # Gauges that are each worker's view of one shared thing, or a per-process limit: the scrape reports the largest.
 LARGEST = frozenset({"fleetserve_gateway_backends", "fleetserve_gateway_min_rtt_seconds", "process_max_fds"})
 EARLIEST = frozenset({"process_start_time_seconds"})
+# Every front end of a replica samples the same GPUs: one reading each, not a sum.
+SAME_DEVICE = "fleetserve_gpu_"
 _LOCAL_PATH = "/metrics"
 
 
@@ -65,7 +68,7 @@ class WorkerSet:
 def _combine(family: str, current: float, value: float) -> float:
     if family.endswith("_created") or family in EARLIEST:
         return min(current, value)
-    if family in LARGEST:
+    if family in LARGEST or family.startswith(SAME_DEVICE):
         return max(current, value)
     return current + value
 

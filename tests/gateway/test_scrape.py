@@ -126,3 +126,18 @@ async def test_a_two_worker_gateway_process_reports_every_request_in_every_scrap
     assert totals == [20.0] * 8
     proc.send_signal(signal.SIGTERM)
     assert await wait_exit(proc) == 0
+
+
+def test_merge_takes_one_reading_of_the_gpus_and_sums_the_engine_instances() -> None:
+    """A replica's front ends each sample the same GPU; the engine process alone reports its instances."""
+    def front_end(utilization: float) -> str:
+        registry = CollectorRegistry()
+        Gauge("fleetserve_gpu_utilization_ratio", "u", ["gpu"], registry=registry).labels("0").set(utilization)
+        Gauge("fleetserve_engine_instances", "i", ["model"], registry=registry).labels("m").set(0)
+        return generate_latest(registry).decode()
+
+    engine = CollectorRegistry()
+    Gauge("fleetserve_engine_instances", "i", ["model"], registry=engine).labels("m").set(2)
+    merged = values(merge([front_end(0.8), front_end(0.7), generate_latest(engine).decode()]))
+    assert merged[("fleetserve_gpu_utilization_ratio", (("gpu", "0"),))] == 0.8
+    assert merged[("fleetserve_engine_instances", (("model", "m"),))] == 2

@@ -20,7 +20,7 @@ import pytest
 from fleetserve.engine.base import EngineInstance, ShapeProfile, TensorSpec
 from fleetserve.errors import FleetserveError, InvalidInput, NotReady
 from fleetserve.replica.engine_host import EngineHost
-from fleetserve.replica.engine_link import PREFIX, RemoteEngine
+from fleetserve.replica.engine_link import PREFIX, RemoteEngine, encode
 from tests.support.waiting import until_sync
 
 PROFILE = ShapeProfile(max_batch=4, max_seq=16, seq_buckets=(8, 16), batch_buckets=(1, 2, 4))
@@ -359,3 +359,75 @@ def test_close_answers_what_is_queued_then_hangs_up(start_host: Callable[..., Ho
         slots[0].infer(ids([1]))
     with pytest.raises(OSError):
         link.connect()  # nothing listens any more
+
+
+@dataclass
+class WideEngine(EchoEngine):
+    """An EchoEngine whose answers are 4 MB a row: more than a Unix socket buffers for a reader that waits."""
+
+    def instance(self) -> EngineInstance:
+        return WideInstance(self)
+
+
+@dataclass
+class WideInstance:
+    engine: WideEngine
+
+    def infer(self, inputs: Mapping[str, np.ndarray], outputs: Sequence[str] | None = None) -> dict[str, np.ndarray]:
+        ids = np.array(inputs["input_ids"])
+        self.engine.calls.append(ids)
+        return {"doubled": ids * 2, "total": np.zeros((len(ids), 1 << 20), np.float32)}
+
+
+def test_a_front_end_that_stops_reading_does_not_hold_the_engine(socket_dir: Path) -> None:
+    engine = WideEngine(outputs=(TensorSpec("doubled", "INT64", (-1, -1)), TensorSpec("total", "FP32", (-1, -1))))
+    host = EngineHost(engine, str(socket_dir / "engine.sock"), max_batch=4, send_timeout_s=0.3)
+    host.start()
+    remote = RemoteEngine(host.path, engine.inputs, engine.outputs, engine.profile, engine.device, timeout_s=10)
+    frozen = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    try:
+        frozen.connect(host.path)
+        frozen.sendall(encode(ids([1, 2]), outputs=None))  # and never reads the 4 MB answer
+        started = time.monotonic()
+        answer = remote.instance().infer(ids([3, 4]), ["doubled"])
+        np.testing.assert_array_equal(answer["doubled"], [[6, 8]])
+        assert time.monotonic() - started < 5  # the frozen connection's send gave up after 0.3 s
+        frozen.settimeout(5)
+        received = 0
+        while chunk := frozen.recv(1 << 20):  # the host dropped it: a partial answer, then end of stream
+            received += len(chunk)
+        assert received < (1 << 22)
+    finally:
+        frozen.close()
+        remote.close()
+        host.close(5)
+
+
+def test_each_merged_batch_gets_only_the_outputs_it_asked_for(start_host: Callable[..., Host]) -> None:
+    link = start_host()
+    link.engine.hold_next = True
+    with concurrent.futures.ThreadPoolExecutor(3) as pool:
+        first = pool.submit(link.connect().infer, ids([1]), ["total"])
+        assert link.engine.held.wait(5)
+        narrow = pool.submit(link.connect().infer, ids([2]), ["total"])
+        wide = pool.submit(link.connect().infer, ids([3]), None)
+        until_sync(lambda: len(link.host._pending) == 2, 5, what="both batches queued behind the held call")
+        link.engine.release.set()
+        assert set(first.result(5)) == {"total"}
+        assert set(narrow.result(5)) == {"total"}
+        assert set(wide.result(5)) == {"doubled", "total"}
+    assert link.engine.requested[-1] is None  # the merged call computed everything the wide batch needs
+
+
+def test_a_connection_that_timed_out_is_never_reused(start_host: Callable[..., Host]) -> None:
+    link = start_host()
+    slot = RemoteEngine(link.host.path, link.engine.inputs, link.engine.outputs, PROFILE, "cpu",
+                        timeout_s=0.3).instance()
+    link.engine.hold_next = True
+    with pytest.raises(NotReady, match="unreachable"):
+        slot.infer(ids([1]), ["total"])  # times out while the engine holds the call
+    link.engine.release.set()  # the late answer to [1] now arrives on that connection
+    time.sleep(0.2)
+    # Read on, the stream would hand the late answer ([1]) to this call for [5]; closed, it cannot.
+    with pytest.raises(NotReady, match="unreachable"):
+        slot.infer(ids([5]), ["total"])

@@ -26,6 +26,7 @@ import numpy as np
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
+from fleetserve.replica.frontends import _reserve
 from tests.gateway.test_server import listening_sockets, running, worker_pids
 from tests.support.procs import Proc, free_port, replica, spawn
 from tests.support.waiting import until_sync
@@ -281,3 +282,18 @@ def test_a_bad_frontends_option_is_a_one_line_error_and_exit_2(flag: tuple[str, 
     assert message in proc.stderr
     assert len(proc.stderr.strip().splitlines()) == 1, proc.stderr
     assert "Traceback" not in proc.stderr
+
+
+def test_a_port_another_reuse_port_service_listens_on_is_refused() -> None:
+    """SO_REUSEPORT alone would let the front ends join another service's port and split its traffic."""
+    other = socket.socket()
+    other.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEPORT, 1)
+    other.bind(("127.0.0.1", 0))
+    other.listen()
+    port = other.getsockname()[1]
+    try:
+        with pytest.raises(OSError, match=r"cannot listen on 127\.0\.0\.1"):
+            _reserve("127.0.0.1", port)
+    finally:
+        other.close()
+    _reserve("127.0.0.1", port).close()  # free once nothing listens
