@@ -1,19 +1,25 @@
 """The engine process of ``fleetserve serve --frontends N``: runs the front ends' batches on its engine
 instances, merging the batches that wait while the instances are busy.
 
-Threads, not an event loop: each front-end connection has a thread that blocks in ``recv`` (the interpreter
-lock is free meanwhile), checks the batch it receives and queues it; each engine instance has a dispatcher
-thread that takes the oldest queued batch and every other queued batch of the same sequence bucket that fits
-in ``max_batch`` rows, runs them as one engine call (a lone batch as its front end padded it) and sends each
-front end its rows. Batches that arrive while an instance is busy wait and merge into its next call.
+Threads, not an event loop: one reader thread accepts the front ends' connections and waits on all of them
+at once (``selectors``; the interpreter lock is free meanwhile), and each time it wakes it reads what arrived
+on every ready connection, checks each complete batch and queues them all under one lock. Each engine instance
+has a dispatcher thread that takes the oldest queued batch and every other queued batch of the same sequence
+bucket that fits in ``max_batch`` rows, runs them as one engine call (a lone batch as its front end padded it)
+and sends each front end its rows. Batches that arrive while an instance is busy wait and merge into its next
+call.
 
-Without an engine (``benchmarks/engine_host.py``, 2-core box) this costs 189 µs of the process's CPU per batch
-from one connection and 159 µs from four, against 424 and 266 µs for the first version, an asyncio server
-feeding the replica's batcher; on the H200 host the two served the same requests/s, their engine process busy
-0.6–1.0 of a core either way (BENCHMARKS §10.6). A leader/follower variant (Schmidt et al., 2000: the thread
-that received a batch runs it when an instance is free, no handoff) cost less per batch on the 2-core box
-(125 vs 178–189 µs, one connection), but its leaders either starved their own connection under load or, handing
-the instance on to drain the queue fairly, served 8.4k instead of 10k minilm requests/s on the GPU.
+The engine process's CPU per front-end batch is what limits one GPU's single-text requests/s (BENCHMARKS §10.6).
+Without an engine (``benchmarks/engine_host.py``, 2-core box), per batch:
+
+- one reader thread (this): 79–93 µs at 4 clients × 2 connections, 119–123 µs at 2 × 2, 204–224 µs at 1 × 1;
+- a reader thread per connection, the version measured on the H200: 122, 133–162 and 176–189 µs — one wake-up
+  per batch, and the readers contending for the interpreter lock; not re-measured on the GPU since;
+- the first version, an asyncio server feeding the replica's batcher: 266 µs at 2 × 2, 424 µs at 1 × 1; on the
+  H200 it served the same requests/s as the reader threads;
+- a leader/follower variant (Schmidt et al., 2000: the thread that received a batch runs it when an instance
+  is free, no handoff): 125 µs at 1 × 1, but its leaders either starved their own connection under load or,
+  handing the instance on to drain the queue fairly, served 8.4k instead of 10k minilm requests/s on the GPU.
 
 The queue needs no bound of its own: each connection has one batch here at a time (the front end waits for
 its answer), so it holds at most front ends × ``--frontend-batches`` batches.
@@ -23,8 +29,8 @@ from __future__ import annotations
 
 import bisect
 import contextlib
-import io
 import logging
+import selectors
 import socket
 import struct
 import threading
@@ -32,6 +38,7 @@ import time
 from collections import deque
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
+from typing import cast
 
 import numpy as np
 
@@ -42,6 +49,8 @@ from fleetserve.replica.engine_link import PREFIX, LinkError, decode, encode, er
 
 log = logging.getLogger(__name__)
 
+# Most bytes one read takes from a connection.
+READ_BYTES = 1 << 16
 # Longest a dispatcher blocks sending one answer: a healthy front end reads its answer at once.
 SEND_TIMEOUT_S = 5.0
 
@@ -57,14 +66,8 @@ class _Frame:
     arrived: float
 
 
-def _read_exactly(stream: io.BufferedReader, n: int) -> bytes | None:
-    """``n`` bytes, or None if the peer closed the connection before the first of them."""
-    data = stream.read(n)
-    if len(data) == n:
-        return data
-    if not data:
-        return None
-    raise LinkError("a front end closed its connection mid-frame")
+class _Closed(LinkError):
+    """A front end closed its connection between batches."""
 
 
 class EngineHost:
@@ -115,7 +118,7 @@ class EngineHost:
         listener.bind(self.path)
         listener.listen(128)
         self._listener = listener
-        threading.Thread(target=self._accept, name="fleetserve-engine-accept", args=(listener,), daemon=True).start()
+        threading.Thread(target=self._read, name="fleetserve-engine-read", args=(listener,), daemon=True).start()
 
     def close(self, timeout_s: float) -> bool:
         """Stop taking connections and wait, at most ``timeout_s``, for the engine calls under way; True if
@@ -134,45 +137,64 @@ class EngineHost:
                 connection.shutdown(socket.SHUT_RDWR)
         return idle
 
-    def _accept(self, listener: socket.socket) -> None:
+    def _read(self, listener: socket.socket) -> None:
+        """Accept front ends and read every connection's batches, on one thread: one wake-up reads whatever
+        arrived on any connection, and the queue's lock is taken once per wake-up."""
+        selector = selectors.DefaultSelector()
+        selector.register(listener, selectors.EVENT_READ)
         while True:
             try:
-                connection, _ = listener.accept()
-            except OSError:
-                return  # closed
-            # A front end that stops reading (frozen, or broken mid-answer) must not hold a dispatcher forever.
-            connection.setsockopt(socket.SOL_SOCKET, socket.SO_SNDTIMEO, self._send_timeout)
-            self._connections.add(connection)
-            threading.Thread(target=self._serve, name="fleetserve-engine-link", args=(connection,),
-                             daemon=True).start()
-
-    def _serve(self, connection: socket.socket) -> None:
-        # Buffered: one recv usually brings a whole frame, instead of one per part.
-        stream = connection.makefile("rb")
-        try:
-            while (frame := self._receive(connection, stream)) is not None:
+                ready = selector.select()
+            except (OSError, ValueError):
+                return  # the listener was closed
+            frames: list[_Frame] = []
+            for key, _ in ready:
+                if key.fileobj is listener:
+                    if not self._accept(listener, selector):
+                        return
+                    continue
+                connection = cast(socket.socket, key.fileobj)
+                try:
+                    frames += self._receive(connection, key.data)
+                except Exception as exc:  # that connection ends; the others are still read
+                    if not isinstance(exc, _Closed):
+                        log.warning("front-end connection dropped: %r", exc)
+                    selector.unregister(connection)
+                    self._connections.discard(connection)
+                    connection.close()
+            if frames:
                 with self._lock:
-                    self._pending.append(frame)
-                    self._queued.notify()
-        except (LinkError, OSError) as exc:
-            log.warning("front-end connection dropped: %s", exc)
-        finally:
-            self._connections.discard(connection)
-            stream.close()
-            connection.close()
+                    self._pending.extend(frames)
+                    self._queued.notify(len(frames))
 
-    def _receive(self, connection: socket.socket, stream: io.BufferedReader) -> _Frame | None:
-        """The next well-formed batch of this connection (answering malformed ones); None at its end."""
-        while True:
-            prefix = _read_exactly(stream, PREFIX.size)
-            if prefix is None:
-                return None
-            head_len, body_len = sizes(prefix)
-            head = _read_exactly(stream, head_len) if head_len else b""
-            body = _read_exactly(stream, body_len) if body_len else b""
-            if head is None or body is None:
+    def _accept(self, listener: socket.socket, selector: selectors.BaseSelector) -> bool:
+        try:
+            connection, _ = listener.accept()
+        except OSError:
+            return False  # closed
+        # A front end that stops reading (frozen, or broken mid-answer) must not hold a dispatcher forever.
+        connection.setsockopt(socket.SOL_SOCKET, socket.SO_SNDTIMEO, self._send_timeout)
+        self._connections.add(connection)
+        selector.register(connection, selectors.EVENT_READ, bytearray())
+        return True
+
+    def _receive(self, connection: socket.socket, buffer: bytearray) -> list[_Frame]:
+        """The complete batches now readable on ``connection`` (malformed ones answered at once)."""
+        chunk = connection.recv(READ_BYTES)
+        if not chunk:
+            if buffer:
                 raise LinkError("a front end closed its connection mid-frame")
-            header, arrays = decode(head, body)
+            raise _Closed
+        buffer += chunk
+        frames = []
+        while len(buffer) >= PREFIX.size:
+            head_len, body_len = sizes(bytes(buffer[:PREFIX.size]))
+            end = PREFIX.size + head_len + body_len
+            if len(buffer) < end:
+                break
+            header, arrays = decode(bytes(buffer[PREFIX.size:PREFIX.size + head_len]),
+                                    bytes(buffer[PREFIX.size + head_len:end]))
+            del buffer[:end]
             try:
                 request = self._layout.validate(arrays)
             except Exception as exc:
@@ -180,7 +202,9 @@ class EngineHost:
                 continue
             wanted = header.get("outputs")
             bucket = self._buckets[bisect.bisect_left(self._buckets, request.seq)]
-            return _Frame(connection, request, bucket, None if wanted is None else frozenset(wanted), self._clock())
+            frames.append(_Frame(connection, request, bucket, None if wanted is None else frozenset(wanted),
+                                 self._clock()))
+        return frames
 
     def _dispatch(self, instance: EngineInstance) -> None:
         """Run queued batches on ``instance``, for as long as the process lives."""
