@@ -118,7 +118,11 @@ class EngineHost:
         listener.bind(self.path)
         listener.listen(128)
         self._listener = listener
-        threading.Thread(target=self._read, name="fleetserve-engine-read", args=(listener,), daemon=True).start()
+        selector = selectors.DefaultSelector()
+        # Registered here, not on the reader thread: a close() right after start() still wakes it.
+        selector.register(listener, selectors.EVENT_READ)
+        threading.Thread(target=self._read, name="fleetserve-engine-read", args=(listener, selector),
+                         daemon=True).start()
 
     def close(self, timeout_s: float) -> bool:
         """Stop taking connections and wait, at most ``timeout_s``, for the engine calls under way; True if
@@ -137,11 +141,13 @@ class EngineHost:
                 connection.shutdown(socket.SHUT_RDWR)
         return idle
 
-    def _read(self, listener: socket.socket) -> None:
+    def _read(self, listener: socket.socket, selector: selectors.BaseSelector) -> None:
         """Accept front ends and read every connection's batches, on one thread: one wake-up reads whatever
         arrived on any connection, and the queue's lock is taken once per wake-up."""
-        selector = selectors.DefaultSelector()
-        selector.register(listener, selectors.EVENT_READ)
+        with selector:
+            self._read_until_closed(listener, selector)
+
+    def _read_until_closed(self, listener: socket.socket, selector: selectors.BaseSelector) -> None:
         while True:
             try:
                 ready = selector.select()
