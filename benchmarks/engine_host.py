@@ -28,6 +28,7 @@ import numpy as np
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
+from fleetserve.batching.observer import NullObserver  # noqa: E402
 from fleetserve.engine.base import ShapeProfile, TensorSpec  # noqa: E402
 from fleetserve.replica.engine_host import EngineHost  # noqa: E402
 from fleetserve.replica.engine_link import RemoteEngine  # noqa: E402
@@ -55,7 +56,7 @@ class NoOpEngine:
         pass
 
 
-class Counter:
+class Counter(NullObserver):
     def __init__(self) -> None:
         self.calls = 0
         self.batches = 0
@@ -63,15 +64,6 @@ class Counter:
     def on_batch(self, size: int, seq: int, queue_wait_s: list[float], compute_s: float) -> None:
         self.calls += 1
         self.batches += len(queue_wait_s)
-
-    def on_expired(self, n: int) -> None:
-        pass
-
-    def on_rejected(self) -> None:
-        pass
-
-    def on_cancelled(self, n: int) -> None:
-        pass
 
 
 def client(path: str, connections: int, rows: int, tokens: int, until: float) -> None:

@@ -17,7 +17,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from fleetserve.engine.base import TensorSpec
+from fleetserve.engine.base import EngineInstance, TensorSpec
 from fleetserve.errors import InvalidInput
 from fleetserve.wire import DATATYPES
 
@@ -180,6 +180,13 @@ class TensorLayout:
             start += r.rows
         return results
 
+    def warm(self, instance: EngineInstance, shapes: Sequence[tuple[int, int]]) -> None:
+        """Run ``instance`` once on an all-zero batch of every ``(rows, seq)`` in ``shapes``; splitting checks
+        the engine's outputs have the promised rows before real traffic arrives."""
+        for rows, seq in shapes:
+            request = self.dummy(rows, seq)
+            self.split(instance.infer(self.collate([request], seq)), [request], seq)
+
     def dummy(self, rows: int, seq: int) -> Request:
         """An all-zero request of ``rows`` x ``seq``, for warming an engine up on that shape."""
         arrays = {
@@ -190,6 +197,12 @@ class TensorLayout:
             for name, spec in self._inputs.items()
         }
         return Request(arrays, rows, seq if self.sequence_inputs else 0)
+
+
+def warmup_batch_sizes(batch_buckets: Sequence[int], max_batch: int, preferred: Sequence[int] = ()) -> tuple[int, ...]:
+    """The batch sizes to warm an engine on: its batch buckets up to ``max_batch``, ``max_batch`` itself and
+    the ``preferred`` sizes a batcher aims for."""
+    return tuple(sorted({b for b in batch_buckets if b <= max_batch} | {max_batch} | set(preferred)))
 
 
 @functools.cache

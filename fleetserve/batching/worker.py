@@ -29,7 +29,7 @@ import numpy as np
 from fleetserve.batching.collator import Batch, Collator, Pending
 from fleetserve.batching.config import BatcherConfig
 from fleetserve.batching.observer import BatchObserver, NullObserver
-from fleetserve.batching.tensors import Request, TensorLayout
+from fleetserve.batching.tensors import Request, TensorLayout, warmup_batch_sizes
 from fleetserve.batching.timing import TIMING, JobTiming
 from fleetserve.engine.base import Engine, EngineInstance
 from fleetserve.errors import InvalidInput, NotReady, Overloaded, RequestExpired
@@ -71,8 +71,7 @@ class Batcher:
         self._layout = TensorLayout(engine.inputs, engine.outputs, max_batch=config.max_batch, max_seq=buckets[-1])
         self._output_names = frozenset(spec.name for spec in engine.outputs)
         self._seq_buckets = buckets if self._layout.has_sequence else (0,)
-        batch_sizes = {b for b in profile.batch_buckets if b <= config.max_batch}
-        self._batch_sizes = tuple(sorted(batch_sizes | {config.max_batch} | set(config.preferred_batch_sizes)))
+        self._batch_sizes = warmup_batch_sizes(profile.batch_buckets, config.max_batch, config.preferred_batch_sizes)
         self._collator: Collator[_Job] = Collator(config)
         self._n = instances
         self._observer: BatchObserver = observer or NullObserver()
@@ -141,7 +140,8 @@ class Batcher:
                 self._freed.clear()
                 await self._freed.wait()
             chosen = self.warmup_shapes if shapes is None else tuple(shapes)
-            await asyncio.gather(*(loop.run_in_executor(executor, self._warm, i, chosen) for i in self._instances))
+            await asyncio.gather(*(loop.run_in_executor(executor, self._layout.warm, i, chosen)
+                                   for i in self._instances))
         finally:
             self._paused -= 1
             self._wake.set()
@@ -314,12 +314,6 @@ class Batcher:
         outputs = instance.infer(feeds) if names is None else instance.infer(feeds, names)
         compute_s = self._clock() - started
         return self._layout.split(outputs, requests, seq), compute_s
-
-    def _warm(self, instance: EngineInstance, shapes: tuple[tuple[int, int], ...]) -> None:
-        for rows, seq in shapes:
-            request = self._layout.dummy(rows, seq)
-            # Splitting checks the engine's outputs have the promised rows before real traffic arrives.
-            self._layout.split(instance.infer(self._layout.collate([request], seq)), [request], seq)
 
     def _scheduler_done(self, task: asyncio.Task[None]) -> None:
         """Answer everything still queued once the scheduler stops, so no caller waits forever."""

@@ -43,7 +43,7 @@ from typing import cast
 import numpy as np
 
 from fleetserve.batching.observer import BatchObserver, NullObserver
-from fleetserve.batching.tensors import Request, TensorLayout
+from fleetserve.batching.tensors import Request, TensorLayout, warmup_batch_sizes
 from fleetserve.engine.base import Engine, EngineInstance
 from fleetserve.replica.engine_link import PREFIX, LinkError, decode, encode, error_fields, sizes
 
@@ -101,16 +101,14 @@ class EngineHost:
     @property
     def warmup_shapes(self) -> tuple[tuple[int, int], ...]:
         """The (rows, sequence length) shapes ``start`` runs on every instance."""
-        sizes = {b for b in self._engine.profile.batch_buckets if b <= self._max_batch} | {self._max_batch}
-        return tuple((b, s) for b in sorted(sizes) for s in self._buckets)
+        sizes = warmup_batch_sizes(self._engine.profile.batch_buckets, self._max_batch)
+        return tuple((b, s) for b in sizes for s in self._buckets)
 
     def start(self) -> None:
         """Create the instances, run each once on every shape of ``warmup_shapes``, then listen."""
         instances = [self._engine.instance() for _ in range(self._n)]
         for instance in instances:
-            for rows, seq in self.warmup_shapes:
-                request = self._layout.dummy(rows, seq)
-                self._layout.split(instance.infer(self._layout.collate([request], seq)), [request], seq)
+            self._layout.warm(instance, self.warmup_shapes)
         for i, instance in enumerate(instances):
             threading.Thread(target=self._dispatch, name=f"fleetserve-engine-{i}", args=(instance,),
                              daemon=True).start()

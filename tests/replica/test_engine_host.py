@@ -17,6 +17,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+from fleetserve.batching.observer import NullObserver
 from fleetserve.engine.base import EngineInstance, ShapeProfile, TensorSpec
 from fleetserve.errors import FleetserveError, InvalidInput, NotReady
 from fleetserve.replica.engine_host import EngineHost
@@ -69,22 +70,13 @@ class EchoInstance:
         return result if outputs is None else {name: result[name] for name in outputs}
 
 
-class RecordingObserver:
+class RecordingObserver(NullObserver):
     def __init__(self) -> None:
         self.batches: list[tuple[int, int, int]] = []  # rows, seq, front-end batches merged
 
     def on_batch(self, size: int, seq: int, queue_wait_s: list[float], compute_s: float) -> None:
         assert compute_s >= 0 and all(wait >= 0 for wait in queue_wait_s)
         self.batches.append((size, seq, len(queue_wait_s)))
-
-    def on_expired(self, n: int) -> None:
-        pass
-
-    def on_rejected(self) -> None:
-        pass
-
-    def on_cancelled(self, n: int) -> None:
-        pass
 
 
 @dataclass
@@ -426,8 +418,8 @@ def test_a_connection_that_timed_out_is_never_reused(start_host: Callable[..., H
     link.engine.hold_next = True
     with pytest.raises(NotReady, match="unreachable"):
         slot.infer(ids([1]), ["total"])  # times out while the engine holds the call
-    link.engine.release.set()  # the late answer to [1] now arrives on that connection
-    time.sleep(0.2)
+    link.engine.release.set()  # the late answer to [1] now goes out on that connection
+    until_sync(lambda: len(link.observer.batches) == 1, 5, what="the held call answered")
     # Read on, the stream would hand the late answer ([1]) to this call for [5]; closed, it cannot.
     with pytest.raises(NotReady, match="unreachable"):
         slot.infer(ids([5]), ["total"])
