@@ -45,18 +45,29 @@ class TensorSpec:
         return {"name": self.name, "datatype": self.datatype, "shape": list(self.shape)}
 
 
+def batch_ladder(max_batch: int) -> tuple[int, ...]:
+    """1, 2, 4, then every multiple of 8 up to ``max_batch`` (and ``max_batch`` itself).
+
+    The batch sizes vLLM captures CUDA graphs for: a batch pads by at most 7 rows above 8, where powers of two
+    pad a batch of 33 to 64 (or, capped at ``max_batch``, to 128).
+    """
+    ladder = {b for b in (1, 2, 4) if b < max_batch} | set(range(8, max_batch, 8)) | {max_batch}
+    return tuple(sorted(ladder))
+
+
 @dataclass(frozen=True)
 class ShapeProfile:
     """The shapes an engine is built and warmed for: batch up to ``max_batch``, sequence up to ``max_seq``.
 
     ``seq_buckets`` are the padded sequence lengths the batcher uses; a backend that captures one graph
-    per shape (CUDA graphs, TensorRT profiles) builds one per bucket.
+    per shape (CUDA graphs, TensorRT profiles) builds one per bucket. ``batch_buckets`` are the batch
+    sizes such a backend pads a batch up to; empty means :func:`batch_ladder`.
     """
 
     max_batch: int = 32
     max_seq: int = 512
     seq_buckets: tuple[int, ...] = (16, 32, 64, 128, 256, 512)
-    batch_buckets: tuple[int, ...] = (1, 2, 4, 8, 16, 32)
+    batch_buckets: tuple[int, ...] = ()
 
     def __post_init__(self) -> None:
         if self.max_batch < 1 or self.max_seq < 1:
@@ -67,7 +78,8 @@ class ShapeProfile:
         object.__setattr__(
             self,
             "batch_buckets",
-            tuple(sorted({min(b, self.max_batch) for b in self.batch_buckets} | {self.max_batch})),
+            tuple(sorted({min(b, self.max_batch) for b in self.batch_buckets or batch_ladder(self.max_batch)}
+                         | {self.max_batch})),
         )
 
     def key(self) -> str:

@@ -31,6 +31,11 @@ class EngineConfig:
         (), "padded sequence lengths the engine is built for and batches are cut at (one CUDA graph or "
         "TensorRT profile each; finer buckets pad less), e.g. 64,128,192,256; max-seq is always one",
         parse=positive_ints, repeat=False, metavar="N[,N...]", default_text="16,32,64,128,256,512 up to max-seq")
+    batch_buckets: tuple[int, ...] = option(
+        (), "batch sizes a graph backend captures (one CUDA graph per batch size and sequence bucket; a batch "
+        "runs the smallest that holds it), e.g. 1,8,32,128; max-batch is always one",
+        parse=positive_ints, repeat=False, metavar="N[,N...]",
+        default_text="1,2,4 and every multiple of 8 up to max-batch")
     accuracy_threshold: float = option(0.99, "refuse a reduced-precision build whose mean cosine vs fp32 is lower")
     home: Path | None = None  # None = $FLEETSERVE_HOME or ~/.cache/fleetserve
     options: dict[str, str] = field(default_factory=dict)
@@ -43,6 +48,8 @@ class EngineConfig:
             raise ValueError(f"max_seq must be in 1..8192, got {self.max_seq}")
         if self.seq_buckets and max(self.seq_buckets) > (self.max_seq or 8192):
             raise ValueError(f"seq_buckets {list(self.seq_buckets)} reach past max_seq ({self.max_seq})")
+        if self.batch_buckets and max(self.batch_buckets) > self.max_batch:
+            raise ValueError(f"batch_buckets {list(self.batch_buckets)} reach past max_batch ({self.max_batch})")
         if not 0.0 < self.accuracy_threshold <= 1.0:
             raise ValueError(f"accuracy_threshold must be in (0, 1], got {self.accuracy_threshold}")
         if self.int8_method not in (None, "dynamic", "static"):
@@ -51,5 +58,6 @@ class EngineConfig:
     def profile(self, model_max_seq: int) -> ShapeProfile:
         max_seq = min(self.max_seq or model_max_seq, model_max_seq)
         if not self.seq_buckets:
-            return ShapeProfile(max_batch=self.max_batch, max_seq=max_seq)
-        return ShapeProfile(max_batch=self.max_batch, max_seq=max_seq, seq_buckets=self.seq_buckets)
+            return ShapeProfile(max_batch=self.max_batch, max_seq=max_seq, batch_buckets=self.batch_buckets)
+        return ShapeProfile(max_batch=self.max_batch, max_seq=max_seq, seq_buckets=self.seq_buckets,
+                            batch_buckets=self.batch_buckets)

@@ -8,7 +8,7 @@ import time
 import numpy as np
 import pytest
 
-from fleetserve.engine.base import EngineError, Precision
+from fleetserve.engine.base import EngineError, Precision, batch_ladder
 from fleetserve.engine.builder import build, engine_cache
 from fleetserve.engine.calibration import calibration_texts
 from fleetserve.engine.config import EngineConfig
@@ -39,6 +39,19 @@ def test_seq_buckets_shape_the_engine_and_its_cache_key() -> None:
     assert default.profile(512).seq_buckets == (16, 32, 64, 128)
     assert fine.profile(512).seq_buckets == (48, 96, 128)  # max-seq is always a bucket
     assert build(fine, quiet=True).key != build(default, quiet=True).key
+
+
+def test_batch_buckets_default_to_a_ladder_of_eights_and_share_the_cached_artifact() -> None:
+    assert batch_ladder(128) == (1, 2, 4, *range(8, 129, 8))
+    assert batch_ladder(3) == (1, 2, 3) and batch_ladder(12) == (1, 2, 4, 8, 12)
+    default = EngineConfig(model="tiny", max_batch=40)
+    chosen = EngineConfig(model="tiny", max_batch=40, batch_buckets=(1, 16))
+    assert default.profile(512).batch_buckets == (1, 2, 4, 8, 16, 24, 32, 40)
+    assert chosen.profile(512).batch_buckets == (1, 16, 40)  # max-batch is always a bucket
+    # Graph backends capture at load, so the batch sizes are not part of the build.
+    assert build(chosen, quiet=True).key == build(default, quiet=True).key
+    with pytest.raises(ValueError, match="reach past max_batch"):
+        EngineConfig(model="tiny", max_batch=8, batch_buckets=(16,))
 
 
 def test_int8_build_reports_accuracy_and_differs_in_key() -> None:
