@@ -34,6 +34,7 @@ import asyncio
 import contextlib
 import os
 import sys
+import tempfile
 import time
 import urllib.request
 from collections.abc import AsyncIterator
@@ -136,28 +137,32 @@ def replica_overhead(pid: int, before: dict[int, float], after: dict[int, float]
 
 @contextlib.asynccontextmanager
 async def _process(argv: list[str], ready_url: str, timeout_s: float) -> AsyncIterator[tuple[int, float]]:
-    """Start ``argv``; yield (pid, seconds until ``ready_url`` answered 200); stop it (SIGTERM, then kill)."""
+    """Start ``argv``; yield (pid, seconds until ``ready_url`` answered 200); stop it (SIGTERM, then kill).
+
+    Its stderr goes to a temporary file, read only if it exits early: a pipe nobody drains would stall a
+    process that logs more than the pipe holds, and leave a transport to be closed after the event loop.
+    """
     t0 = time.monotonic()
-    proc = await asyncio.create_subprocess_exec(*argv, stdout=asyncio.subprocess.DEVNULL,
-                                                stderr=asyncio.subprocess.PIPE)
-    try:
-        while not await asyncio.to_thread(http_ok, ready_url):
-            if proc.returncode is not None:
-                err = (await proc.stderr.read()).decode(errors="replace") if proc.stderr else ""
-                last = err.strip().splitlines()[-1:] or ["(no output)"]
-                raise FleetserveError(f"{' '.join(argv[3:5])} exited with {proc.returncode}: {last[0]}")
-            if time.monotonic() - t0 > timeout_s:
-                raise FleetserveError(f"{ready_url} was not ready within {timeout_s:g} s")
-            await asyncio.sleep(0.05)
-        yield proc.pid, time.monotonic() - t0
-    finally:
-        if proc.returncode is None:
-            proc.terminate()
-            try:
-                await asyncio.wait_for(proc.wait(), 15)
-            except TimeoutError:
-                proc.kill()
-                await proc.wait()
+    with tempfile.TemporaryFile() as stderr:
+        proc = await asyncio.create_subprocess_exec(*argv, stdout=asyncio.subprocess.DEVNULL, stderr=stderr)
+        try:
+            while not await asyncio.to_thread(http_ok, ready_url):
+                if proc.returncode is not None:
+                    stderr.seek(0)
+                    last = stderr.read().decode(errors="replace").strip().splitlines()[-1:] or ["(no output)"]
+                    raise FleetserveError(f"{' '.join(argv[3:5])} exited with {proc.returncode}: {last[0]}")
+                if time.monotonic() - t0 > timeout_s:
+                    raise FleetserveError(f"{ready_url} was not ready within {timeout_s:g} s")
+                await asyncio.sleep(0.05)
+            yield proc.pid, time.monotonic() - t0
+        finally:
+            if proc.returncode is None:
+                proc.terminate()
+                try:
+                    await asyncio.wait_for(proc.wait(), 15)
+                except TimeoutError:
+                    proc.kill()
+                    await proc.wait()
 
 
 async def _closed_loop(url: str, model: str, duration_s: float) -> int:

@@ -2,12 +2,15 @@
 
 from __future__ import annotations
 
+import asyncio
 import os
+import sys
 
 import pytest
 
+from fleetserve.deploy.local import free_port
 from fleetserve.errors import FleetserveError
-from fleetserve.sim.costs import LowLoad, replica_overhead, stage_mean, stage_sums, thread_cpu_seconds
+from fleetserve.sim.costs import LowLoad, _process, replica_overhead, stage_mean, stage_sums, thread_cpu_seconds
 
 
 def test_the_engine_thread_is_the_busiest_one_besides_the_main_thread() -> None:
@@ -44,3 +47,25 @@ def test_stage_means_come_from_the_replicas_histogram_between_two_scrapes() -> N
         stage_mean(after, after, "queue")
     # What a request spent outside the batcher's queue and the engine.
     assert LowLoad(0.010, 0.0025, 0.005, 50).outside_s == pytest.approx(0.0025)
+
+
+def test_a_process_that_exits_before_ready_names_its_last_error_line() -> None:
+    async def start() -> None:
+        code = "import sys; sys.stderr.write('warming up\\nport is taken\\n'); sys.exit(3)"
+        async with _process([sys.executable, "-c", code], f"http://127.0.0.1:{free_port()}/", 10):
+            pass
+
+    with pytest.raises(FleetserveError, match="exited with 3: port is taken"):
+        asyncio.run(start())
+
+
+def test_a_process_that_logs_more_than_a_pipe_holds_still_gets_ready() -> None:
+    port = free_port()
+    code = ("import sys, http.server; sys.stderr.write('x' * (1 << 20)); "
+            f"http.server.test(http.server.SimpleHTTPRequestHandler, port={port}, bind='127.0.0.1')")
+
+    async def serve() -> float:
+        async with _process([sys.executable, "-c", code], f"http://127.0.0.1:{port}/", 20) as (_pid, ready_s):
+            return ready_s
+
+    assert asyncio.run(serve()) < 20
