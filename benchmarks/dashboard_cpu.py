@@ -26,8 +26,8 @@ from pathlib import Path
 from typing import Any
 
 from fleetserve.bench.browser import launch
+from fleetserve.bench.cpu import tree_cpu_seconds
 from fleetserve.bench.loadgen import LoadConfig, run_load
-from fleetserve.bench.scenarios import tree_cpu_seconds
 from fleetserve.deploy.local import free_port
 from fleetserve.engine.builder import build
 from fleetserve.fleet.config import FleetConfig, replica_config

@@ -52,7 +52,7 @@ from collections.abc import Iterator, Sequence
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
-from fleetserve.bench.scenarios import tree_cpu_seconds
+from fleetserve.bench.cpu import tree_cpu_seconds
 from fleetserve.deploy.local import EnvoyProcess, HaproxyProcess, NginxProcess, free_port
 
 from _common import NotReady, http_get, stop_process, wait_ready

@@ -176,7 +176,7 @@ def server(cfg: RunConfig, replicas_n: int, instances: int) -> list[dict[str, An
     per rate, with the CPU cores of replicas and gateway and the GPU's utilisation over it."""
     from gpu_server import GpuSampler, Proc, seed_store, stop_all, wait_all_ready
 
-    from fleetserve.bench.scenarios import tree_cpu_seconds
+    from fleetserve.bench.cpu import tree_cpu_seconds
     from fleetserve.deploy.local import free_port
 
     from _common import mean_batch, scrape

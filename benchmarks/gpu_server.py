@@ -48,7 +48,7 @@ from typing import Any
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from fleetserve.bench.scenarios import tree_cpu_seconds  # noqa: E402
+from fleetserve.bench.cpu import tree_cpu_seconds  # noqa: E402
 from fleetserve.deploy.local import free_port  # noqa: E402
 
 from _common import NotReady, http_get, machine_cpu_s, mean_batch, process_cpu_s, scrape, wait_ready  # noqa: E402

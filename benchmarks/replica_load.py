@@ -27,7 +27,7 @@ import numpy as np
 
 from fleetserve.bench.arrivals import arrival_offsets
 from fleetserve.bench.client import ClientConfig, HttpClient, RequestError, open_client
-from fleetserve.bench.scenarios import tree_cpu_seconds
+from fleetserve.bench.cpu import tree_cpu_seconds
 from fleetserve.bench.workloads import Payload
 
 from _common import machine_cpu_s

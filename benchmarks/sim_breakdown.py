@@ -39,14 +39,13 @@ from pathlib import Path
 from prometheus_client.parser import text_string_to_metric_families
 
 from fleetserve.batching.config import BatcherConfig
+from fleetserve.bench.cpu import thread_cpu_seconds, tree_cpu_seconds
 from fleetserve.bench.loadgen import LoadConfig, run_load
 from fleetserve.bench.report import LoadReport
-from fleetserve.bench.scenarios import tree_cpu_seconds
 from fleetserve.deploy.local import free_port
 from fleetserve.fleet.supervisor import http_ok
 from fleetserve.sim.arrivals import ArrivalConfig
 from fleetserve.sim.config import ReplicaGroup, SimConfig
-from fleetserve.sim.costs import thread_cpu_seconds
 from fleetserve.sim.gateway import BalancerConfig
 from fleetserve.sim.profile import LengthMix, Profile
 from fleetserve.sim.simulator import simulate

@@ -16,14 +16,13 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import json
-import os
 import time
 import urllib.request
 from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass, field
-from pathlib import Path
 
 from fleetserve.bench import faults
+from fleetserve.bench.cpu import replica_overhead, thread_cpu_seconds, tree_cpu_seconds
 from fleetserve.bench.loadgen import LoadConfig, run_load
 from fleetserve.bench.netns import NetworkNamespace
 from fleetserve.bench.report import LoadReport
@@ -107,26 +106,6 @@ async def _watch_state(state_of: Callable[[str], str], url: str, since: float, e
         if state == "healthy" and "out_after_s" in events and "back_after_s" not in events:
             events["back_after_s"] = now
         await asyncio.sleep(0.05)
-
-
-def tree_cpu_seconds(pid: int) -> float:
-    """CPU time (user + system) of ``pid`` and all its descendants, from /proc (Linux)."""
-    tick = os.sysconf("SC_CLK_TCK")
-    stats: dict[int, tuple[int, float]] = {}
-    for entry in os.listdir("/proc"):
-        if not entry.isdigit():
-            continue
-        try:
-            raw = Path(f"/proc/{entry}/stat").read_text()
-        except OSError:
-            continue
-        fields = raw[raw.rindex(")") + 2 :].split()
-        stats[int(entry)] = (int(fields[1]), (int(fields[11]) + int(fields[12])) / tick)
-    total, frontier = 0.0, {pid}
-    while frontier:
-        total += sum(stats[p][1] for p in frontier if p in stats)
-        frontier = {child for child, (parent, _) in stats.items() if parent in frontier}
-    return total
 
 
 @dataclass
@@ -230,6 +209,8 @@ async def _run_scenario(cfg: ScenarioConfig, partition: NetworkNamespace | None)
             )))
             await asyncio.sleep(cfg.warmup_s)
             cpu_start = tree_cpu_seconds(front_pid) if front_pid else 0.0
+            replica_threads = {m.process.pid: thread_cpu_seconds(m.process.pid)
+                               for m in supervisor.replicas if m.process is not None}
             if cfg.fault in ("crash", "rolling", *PARTITIONS):
                 await asyncio.sleep(cfg.fault_at_s)
             t0 = time.monotonic()
@@ -242,6 +223,11 @@ async def _run_scenario(cfg: ScenarioConfig, partition: NetworkNamespace | None)
                 # Health checks and metrics scrapes are in the CPU too: a small, honest overcount.
                 cpu = tree_cpu_seconds(front_pid) - cpu_start
                 events["front_cpu_us_per_req"] = cpu / max(1, report.requests) * 1e6
+            if cfg.fault == "none":  # a restarted replica is another process
+                with contextlib.suppress(OSError):
+                    overhead = sum(replica_overhead(pid, before, thread_cpu_seconds(pid))
+                                   for pid, before in replica_threads.items())
+                    events["replica_cpu_us_per_req"] = overhead / max(1, report.requests) * 1e6
             events["restarts"] = float(sum(m.restarts for m in supervisor.replicas))
             return ScenarioResult(cfg, report, events)
     finally:
