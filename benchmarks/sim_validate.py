@@ -15,6 +15,10 @@ For 2 and 4 real ``minilm`` int8 replicas on this machine behind our gateway (``
    interval, batcher settings, arrival process and warm-up. The measured latency runs from each request's
    scheduled send; the load generator sends late by its timer's resolution (its report's schedule lag, ~1 ms),
    which is the client's delay, not the fleet's: the prediction adds that run's mean lag.
+4. the profile's CPU per request of replica and gateway, one figure for a request that finds its process idle
+   (one request in flight) and one for a request that finds it busy (measured at saturation); the table also
+   gives the p99 predicted with the first figure alone (as before the busy one was measured), and the
+   capacity run prints the CPU per request the fleet itself spent there, to compare with the profile's.
 
 Profile on a quiet machine: engine times measured while others compete for the cores are inflated, and the
 prediction then counts that competition twice.
@@ -33,11 +37,12 @@ import os
 import subprocess
 import sys
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 from fleetserve.batching.config import BatcherConfig
-from fleetserve.bench.scenarios import ScenarioConfig, run_scenario, tree_cpu_seconds
+from fleetserve.bench.cpu import tree_cpu_seconds
+from fleetserve.bench.scenarios import ScenarioConfig, run_scenario
 from fleetserve.sim.arrivals import ArrivalConfig
 from fleetserve.sim.config import ReplicaGroup, SimConfig
 from fleetserve.sim.faults import Fault
@@ -64,6 +69,7 @@ class Row:
     errors: int
     background_cores: float
     generator_lag_ms: float
+    idle_cpu_p99_ms: float
 
     def error(self, measured: float, predicted: float) -> float:
         return (predicted - measured) / measured if measured else float("nan")
@@ -73,12 +79,13 @@ class Row:
                 f"{self.predicted_rps:.1f}", f"{self.error(self.measured_rps, self.predicted_rps):+.1%}",
                 f"{self.measured_p50_ms:.1f}", f"{self.predicted_p50_ms:.1f}", f"{self.measured_p99_ms:.1f}",
                 f"{self.predicted_p99_ms:.1f}", f"{self.error(self.measured_p99_ms, self.predicted_p99_ms):+.1%}",
-                str(self.errors), f"{self.background_cores:.2f}", f"{self.generator_lag_ms:.2f}"]
+                str(self.errors), f"{self.background_cores:.2f}", f"{self.generator_lag_ms:.2f}",
+                f"{self.idle_cpu_p99_ms:.1f}", f"{self.error(self.measured_p99_ms, self.idle_cpu_p99_ms):+.1%}"]
 
 
 HEAD = ["replicas", "scenario", "offered req/s", "measured req/s", "predicted req/s", "error", "measured p50 ms",
         "predicted p50 ms", "measured p99 ms", "predicted p99 ms", "p99 error", "errors", "background cores",
-        "generator lag ms"]
+        "generator lag ms", "p99 with one-in-flight CPU only ms", "its error"]
 
 
 def table(rows: list[Row]) -> str:
@@ -151,8 +158,11 @@ async def validate(args: argparse.Namespace, profile: Profile) -> list[Row]:
         probe = await run_scenario(scenario(rate=None, concurrency=32, duration_s=args.capacity_duration))
         capacity = probe.report.achieved_rps
         generator_cpu_per_request = probe.report.generator_cpu_s / max(1, probe.report.sent)
-        print(f"   capacity {capacity:.0f} req/s; load generator {generator_cpu_per_request * 1e6:.0f} us CPU/request",
-              flush=True)
+        print(f"   capacity {capacity:.0f} req/s; CPU per request: load generator "
+              f"{generator_cpu_per_request * 1e6:.0f} us, replica {probe.events['replica_cpu_us_per_req']:.0f} us "
+              f"(profile: {profile.replica_cpu_s * 1e6:.0f} idle, {profile.replica_loaded_cpu_s * 1e6:.0f} busy), "
+              f"gateway {probe.events['front_cpu_us_per_req']:.0f} us (profile: {profile.gateway_cpu_s * 1e6:.0f} "
+              f"idle, {profile.gateway_loaded_cpu_s * 1e6:.0f} busy)", flush=True)
         cases = [(f"{share:.0%} load", share, False) for share in args.loads]
         cases.append((f"throttled, {args.throttle_load:.0%} load", args.throttle_load, True))
         for name, share, throttle in cases:
@@ -163,9 +173,12 @@ async def validate(args: argparse.Namespace, profile: Profile) -> list[Row]:
             others = meter.cores()
             background = rate * generator_cpu_per_request + others
             rps, p50, p99 = predict(profile, replicas, rate, args.duration, background, throttle, args.seed)
+            idle_only = replace(profile, replica_busy_cpu_s=None, gateway_busy_cpu_s=None)
+            idle_p99 = predict(idle_only, replicas, rate, args.duration, background, throttle, args.seed)[2]
             lag = measured.schedule_lag_mean_s * 1e3
             row = Row(replicas, name, rate, measured.achieved_rps, rps, measured.percentile(50) * 1e3, p50 + lag,
-                      measured.percentile(99) * 1e3, p99 + lag, measured.errors, background, lag)
+                      measured.percentile(99) * 1e3, p99 + lag, measured.errors, background, lag,
+                      idle_p99 + lag)
             print(table([row]), flush=True)
             rows.append(row)
     return rows

@@ -92,6 +92,10 @@ class SimConfig:
     def gateway_cpu(self) -> float:
         return self.groups[0].profile.gateway_cpu_s if self.gateway_cpu_s is None else self.gateway_cpu_s
 
+    def gateway_busy_cpu(self) -> float:
+        """A busy gateway worker's CPU per request: the override, else the first profile's."""
+        return self.groups[0].profile.gateway_loaded_cpu_s if self.gateway_cpu_s is None else self.gateway_cpu_s
+
     def gateway_wait(self) -> float:
         return self.groups[0].profile.gateway_wait_s if self.gateway_wait_s is None else self.gateway_wait_s
 

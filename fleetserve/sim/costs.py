@@ -13,8 +13,10 @@ batch, which the profile's engine timings leave out (small next to the engine ca
 (``fleetserve gateway --backend URL``) goes in front and the same load runs through it: **gateway CPU per
 request** = the gateway process tree's CPU ÷ requests sent (its health checks included: a small, honest
 overcount). One request in flight is the least favourable case for an event loop (no wake-up is shared between
-requests), so both are upper bounds for busier processes; BENCHMARKS.md §4.3 measures the gateway at
-saturation.
+requests), so both are upper bounds for busier processes. The same two measurements with ``busy_concurrency``
+requests in flight give the **busy CPU per request** of each (a process that always has other requests in hand,
+as at saturation): on this 2-core box about half the one-in-flight figures (BENCHMARKS.md §8.2). The simulator
+charges a request the busy figure when it finds its process busy, the other when it finds it idle.
 
 Then the **wall times** at low load: open-loop Poisson arrivals at ``low_load_rps`` of short texts (requests far
 apart and quick, so each finds the processes idle and rarely queues behind another), first to the replica, then
@@ -32,7 +34,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import os
 import sys
 import tempfile
 import time
@@ -41,8 +42,8 @@ from collections.abc import AsyncIterator
 from dataclasses import dataclass
 
 from fleetserve.batching.config import BatcherConfig
+from fleetserve.bench.cpu import replica_overhead, thread_cpu_seconds, tree_cpu_seconds
 from fleetserve.bench.loadgen import LoadConfig, run_load
-from fleetserve.bench.scenarios import tree_cpu_seconds
 from fleetserve.deploy.local import free_port
 from fleetserve.errors import FleetserveError
 from fleetserve.fleet.supervisor import http_ok
@@ -55,10 +56,13 @@ class CostConfig:
     low_load_rps: float = 10.0
     low_load_s: float = 10.0
     max_delay_s: float = BatcherConfig().max_delay_s  # the replica's batcher setting (its default)
+    busy_concurrency: int = 16
 
     def __post_init__(self) -> None:
         if min(self.duration_s, self.ready_timeout_s, self.low_load_rps, self.low_load_s) <= 0:
             raise ValueError("cost measurement durations and the low-load rate must be > 0")
+        if self.busy_concurrency < 2:
+            raise ValueError(f"busy_concurrency must be >= 2, got {self.busy_concurrency}")
 
 
 @dataclass(frozen=True)
@@ -71,6 +75,8 @@ class Costs:
     replica_wall_s: float = 0.0
     gateway_wall_s: float = 0.0
     timer_lag_s: float = 0.0
+    replica_busy_cpu_s: float | None = None
+    gateway_busy_cpu_s: float | None = None
 
 
 @dataclass(frozen=True)
@@ -113,28 +119,6 @@ def stage_mean(before: dict[str, tuple[float, float]], after: dict[str, tuple[fl
     return (s1 - s0) / (c1 - c0)
 
 
-def thread_cpu_seconds(pid: int) -> dict[int, float]:
-    """User + system CPU seconds of each thread of ``pid`` (Linux ``/proc``); threads gone meanwhile are skipped."""
-    tick = os.sysconf("SC_CLK_TCK")
-    out: dict[int, float] = {}
-    for tid in os.listdir(f"/proc/{pid}/task"):
-        try:
-            with open(f"/proc/{pid}/task/{tid}/stat") as f:
-                raw = f.read()
-        except OSError:
-            continue
-        fields = raw[raw.rindex(")") + 2 :].split()
-        out[int(tid)] = (int(fields[11]) + int(fields[12])) / tick
-    return out
-
-
-def replica_overhead(pid: int, before: dict[int, float], after: dict[int, float]) -> float:
-    """CPU seconds of every thread but the engine's (the busiest one other than the main thread) in between."""
-    spent = {tid: cpu - before.get(tid, 0.0) for tid, cpu in after.items()}
-    engine = max((cpu for tid, cpu in spent.items() if tid != pid), default=0.0)
-    return sum(spent.values()) - engine
-
-
 @contextlib.asynccontextmanager
 async def _process(argv: list[str], ready_url: str, timeout_s: float) -> AsyncIterator[tuple[int, float]]:
     """Start ``argv``; yield (pid, seconds until ``ready_url`` answered 200); stop it (SIGTERM, then kill).
@@ -165,8 +149,8 @@ async def _process(argv: list[str], ready_url: str, timeout_s: float) -> AsyncIt
                     await proc.wait()
 
 
-async def _closed_loop(url: str, model: str, duration_s: float) -> int:
-    report = await run_load(LoadConfig(url=url, rate=None, concurrency=1, duration_s=duration_s,
+async def _closed_loop(url: str, model: str, duration_s: float, concurrency: int = 1) -> int:
+    report = await run_load(LoadConfig(url=url, rate=None, concurrency=concurrency, duration_s=duration_s,
                                        workload="texts", model=model))
     if report.ok == 0:
         raise FleetserveError(f"no request to {url} succeeded while measuring CPU costs: {dict(report.errors_by_type)}")
@@ -200,6 +184,9 @@ async def measure_costs(model: str, serve_args: list[str], config: CostConfig) -
         before = thread_cpu_seconds(rpid)
         sent = await _closed_loop(replica_url, model, config.duration_s)
         replica_cpu = replica_overhead(rpid, before, thread_cpu_seconds(rpid)) / sent
+        before = thread_cpu_seconds(rpid)
+        sent = await _closed_loop(replica_url, model, config.duration_s, config.busy_concurrency)
+        replica_busy_cpu = replica_overhead(rpid, before, thread_cpu_seconds(rpid)) / sent
         direct = await _low_load(replica_url, replica_url, model, config)
         gport = free_port()
         gateway_url = f"http://127.0.0.1:{gport}"
@@ -210,8 +197,12 @@ async def measure_costs(model: str, serve_args: list[str], config: CostConfig) -
             g0 = tree_cpu_seconds(gpid)
             gsent = await _closed_loop(gateway_url, model, config.duration_s)
             gateway_cpu = (tree_cpu_seconds(gpid) - g0) / gsent
+            g0 = tree_cpu_seconds(gpid)
+            busy_sent = await _closed_loop(gateway_url, model, config.duration_s, config.busy_concurrency)
+            gateway_busy_cpu = (tree_cpu_seconds(gpid) - g0) / busy_sent
             through = await _low_load(gateway_url, replica_url, model, config)
     return Costs(replica_cpu, gateway_cpu, cold, sent, gsent,
                  replica_wall_s=max(replica_cpu, direct.outside_s),
                  gateway_wall_s=max(gateway_cpu, through.outside_s - direct.outside_s),
-                 timer_lag_s=max(0.0, direct.queue_s - config.max_delay_s))
+                 timer_lag_s=max(0.0, direct.queue_s - config.max_delay_s),
+                 replica_busy_cpu_s=replica_busy_cpu, gateway_busy_cpu_s=gateway_busy_cpu)

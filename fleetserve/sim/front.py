@@ -1,7 +1,8 @@
 """The simulated gateway: worker processes, each with its own CPU queue and its own real balancer.
 
 ``fleetserve gateway --workers N`` runs N processes on one port (SO_REUSEPORT); each balances on its own
-view of the fleet. Here each worker is a FIFO server costing ``gateway_cpu_s`` per request, then a wait of
+view of the fleet. Here each worker is a FIFO server costing ``gateway_cpu_s`` per request (``gateway_busy_cpu_s``
+for a request that finds it busy with others), then a wait of
 ``wait_s`` that takes no core (the gateway's wall time at low load beyond its CPU: loopback hops, wake-ups),
 and a :class:`~fleetserve.sim.gateway.SimBalancer`; an arriving request goes to a worker chosen uniformly at random
 (the kernel hashes connections across the sockets).
@@ -29,11 +30,12 @@ Done = Callable[[Request, int], None]
 class FrontWorker:
     def __init__(self, loop: EventLoop, host: Host, config: BalancerConfig, *, cpu_s: float, max_retries: int,
                  rng: random.Random, done: Done, network_s: float = 0.0, wait_s: float = 0.0,
-                 name: str = "gateway") -> None:
+                 busy_cpu_s: float | None = None, name: str = "gateway") -> None:
         self.loop = loop
         self.balancer: SimBalancer[SimReplica] = SimBalancer(config, clock=loop.clock, rng=rng)
         self.server = Server(loop, host, wait_s=wait_s, name=name)
         self._cpu_s = cpu_s
+        self._busy_cpu_s = cpu_s if busy_cpu_s is None else busy_cpu_s
         self._max_retries = max_retries
         self._done = done
         self._network_s = network_s
@@ -44,8 +46,9 @@ class FrontWorker:
 
     def receive(self, request: Request) -> None:
         request.reply = self.answer
-        if self._cpu_s:
-            self.server.submit(self._cpu_s, self._route, request)  # handed back after the wait
+        cpu = self._busy_cpu_s if self.server.busy else self._cpu_s
+        if cpu:
+            self.server.submit(cpu, self._route, request)  # handed back after the wait
         elif self.server.wait_s:
             self.loop.after(self.server.wait_s, self._route, request)
         else:

@@ -127,6 +127,13 @@ class Server:
             raise RuntimeError(f"server {self.name} already took jobs on its fast path")
         self._fast = False
 
+    @property
+    def busy(self) -> bool:
+        """Whether a job is running or queued right now."""
+        if self._fast:
+            return self._free_at > self._loop.now
+        return self._done is not None
+
     def busy_seconds(self) -> float:
         """Seconds spent on jobs up to now."""
         now = self._loop.now

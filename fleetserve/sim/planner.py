@@ -124,19 +124,20 @@ def latency_floor(profile: Profile, *, rows: int = 1, tokens: int | None = None)
 
 
 def gateway_workers(profile: Profile, qps: float) -> int:
-    return max(1, math.ceil(qps * profile.gateway_cpu_s / GATEWAY_TARGET_UTILISATION))
+    return max(1, math.ceil(qps * profile.gateway_loaded_cpu_s / GATEWAY_TARGET_UTILISATION))
 
 
 def replica_capacity(profile: Profile, batcher: BatcherConfig, instances: int, *, rows: int = 1,
                      tokens: int | None = None) -> float:
     """Requests/s one replica could answer at best: full batches of the mix's mean length, all instances busy,
-    and no more than its event loop can take in (one request costs it ``replica_cpu_s``)."""
+    and no more than its event loop can take in (one request costs a busy loop ``replica_loaded_cpu_s``)."""
     batch = min(batcher.max_batch, profile.max_batch) // rows * rows
     seq = tokens or max(1, round(profile.lengths.mean()))
     mean, _ = profile.timing(batch, seq)
     parallel = instances if profile.device == "cpu" else min(instances, profile.device_capacity)
     engine = parallel * batch / rows / mean
-    return min(engine, 1.0 / profile.replica_cpu_s) if profile.replica_cpu_s > 0 else engine
+    cpu = profile.replica_loaded_cpu_s
+    return min(engine, 1.0 / cpu) if cpu > 0 else engine
 
 
 def holds(result: SimResult, config: PlanConfig) -> bool:

@@ -132,6 +132,11 @@ class Profile:
     # wake-ups of idle threads and processes, hand-offs between threads), which takes no core.
     replica_wall_s: float = 0.0
     gateway_wall_s: float = 0.0
+    # CPU per request of a process already busy with other requests (measured at saturation, where wake-ups,
+    # system calls and timers are shared between requests); None: not measured, the figures above (measured
+    # with one request in flight, the upper bound) apply throughout.
+    replica_busy_cpu_s: float | None = None
+    gateway_busy_cpu_s: float | None = None
     timer_lag_s: float = 0.0  # how late the batcher's max-delay timer fires (event-loop timer resolution)
     cold_start_s: float | None = None  # process start to ready; None: not measured
     lengths: LengthMix = field(default_factory=lambda: LengthMix.fixed(32))
@@ -154,7 +159,7 @@ class Profile:
         if self.threads < 1 or self.device_capacity <= 0:
             raise ValueError("profile threads must be >= 1 and device_capacity > 0")
         if min(self.replica_cpu_s, self.gateway_cpu_s, self.replica_wall_s, self.gateway_wall_s,
-               self.timer_lag_s) < 0:
+               self.timer_lag_s, self.replica_busy_cpu_s or 0.0, self.gateway_busy_cpu_s or 0.0) < 0:
             raise ValueError("profile CPU costs, wall times and timer lag must be >= 0")
         if self.cost_per_hour is not None and self.cost_per_hour < 0:
             raise ValueError(f"cost_per_hour must be >= 0, got {self.cost_per_hour}")
@@ -170,6 +175,16 @@ class Profile:
     def gateway_wait_s(self) -> float:
         """Waiting a request does in the gateway at low load beyond its CPU (no core taken)."""
         return max(0.0, self.gateway_wall_s - self.gateway_cpu_s)
+
+    @property
+    def replica_loaded_cpu_s(self) -> float:
+        """CPU per request of a busy replica event loop (the one-in-flight figure when not measured)."""
+        return self.replica_cpu_s if self.replica_busy_cpu_s is None else self.replica_busy_cpu_s
+
+    @property
+    def gateway_loaded_cpu_s(self) -> float:
+        """CPU per request of a busy gateway worker (the one-in-flight figure when not measured)."""
+        return self.gateway_cpu_s if self.gateway_busy_cpu_s is None else self.gateway_busy_cpu_s
 
     @property
     def max_batch(self) -> int:

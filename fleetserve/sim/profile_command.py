@@ -133,6 +133,8 @@ def run(options: ProfileOptions) -> int:
         device_capacity=capacity, replica_cpu_s=costs.replica_cpu_s if costs else 0.0,
         gateway_cpu_s=costs.gateway_cpu_s if costs else 0.0, replica_wall_s=costs.replica_wall_s if costs else 0.0,
         gateway_wall_s=costs.gateway_wall_s if costs else 0.0, timer_lag_s=costs.timer_lag_s if costs else 0.0,
+        replica_busy_cpu_s=costs.replica_busy_cpu_s if costs else None,
+        gateway_busy_cpu_s=costs.gateway_busy_cpu_s if costs else None,
         cold_start_s=costs.cold_start_s if costs else None,
         lengths=mix, seq_buckets=shape.seq_buckets, pad_to_bucket=engine.device != "cpu",
         cost_per_hour=options.cost_per_hour, measured_at=time.strftime("%Y-%m-%d %H:%M %Z"),
@@ -143,8 +145,9 @@ def run(options: ProfileOptions) -> int:
     cold = f"{profile.cold_start_s:.2f} s" if profile.cold_start_s is not None else "not measured"
     print(f"profile {profile.name}: {len(batch_sizes)} batch sizes x {len(seq_lengths)} lengths, "
           f"batch 1 at {seq_lengths[0]} tokens {service[0][0].mean_s * 1e3:.3f} ms, "
-          f"replica CPU {profile.replica_cpu_s * 1e6:.0f} us/request, gateway CPU {profile.gateway_cpu_s * 1e6:.0f} "
-          f"us/request, wall at low load: replica {profile.replica_wall_s * 1e6:.0f} us, gateway "
+          f"replica CPU {profile.replica_cpu_s * 1e6:.0f} us/request ({profile.replica_loaded_cpu_s * 1e6:.0f} busy), "
+          f"gateway CPU {profile.gateway_cpu_s * 1e6:.0f} us/request ({profile.gateway_loaded_cpu_s * 1e6:.0f} busy), "
+          f"wall at low load: replica {profile.replica_wall_s * 1e6:.0f} us, gateway "
           f"{profile.gateway_wall_s * 1e6:.0f} us, timer lag {profile.timer_lag_s * 1e6:.0f} us; cold start {cold} "
           f"-> {options.out}")
     return 0

@@ -1,6 +1,8 @@
 """A simulated replica: its event loop, the product's own batch collator, and engine instances.
 
-A request first costs the replica's event loop ``replica_cpu_s`` (HTTP, JSON, tokenizer) on a FIFO server, then
+A request first costs the replica's event loop ``replica_cpu_s`` (HTTP, JSON, tokenizer) on a FIFO server, or
+``replica_busy_cpu_s`` when it finds the loop busy with other requests (their wake-ups and system calls are
+shared; measured at saturation, see :class:`~fleetserve.sim.profile.Profile`), then
 waits ``replica_wait_s`` taking no core (its server hands it back that late; the profile's wall time at low load
 beyond that CPU: loopback, thread wake-ups and hand-offs; a constant on the path, so where it sits changes no
 queue), then joins the real :class:`~fleetserve.batching.collator.Collator`, which decides exactly as in the replica
@@ -55,6 +57,7 @@ class SimReplica:
         self._idle = list(self.instances)
         self._collator: Collator[Request] = Collator(batcher)
         self._cpu_s = profile.replica_cpu_s
+        self._busy_cpu_s = profile.replica_loaded_cpu_s
         self._timer_lag_s = profile.timer_lag_s
         self._freed_at: dict[Server, float] = {}  # when each instance last finished a batch
         self._timeout_s = batcher.default_timeout_s
@@ -80,8 +83,9 @@ class SimReplica:
 
     def receive(self, request: Request) -> None:
         """A request arrived over an accepted connection."""
-        if self._cpu_s:
-            self.event_loop.submit(self._cpu_s, self._decoded, request)  # handed back after the wait
+        cpu = self._busy_cpu_s if self.event_loop.busy else self._cpu_s
+        if cpu:
+            self.event_loop.submit(cpu, self._decoded, request)  # handed back after the wait
         elif self.event_loop.wait_s:
             self.loop.after(self.event_loop.wait_s, self._decoded, request)
         else:

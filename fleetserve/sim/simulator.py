@@ -43,7 +43,7 @@ class Simulation:
             FrontWorker(self.loop, gateway_host, config.balancer, cpu_s=config.gateway_cpu(),
                         max_retries=config.max_retries, rng=random.Random(f"{seed}:balancer:{i}"),
                         done=self._done, network_s=config.network_s, wait_s=config.gateway_wait(),
-                        name=f"gateway/{i}")
+                        busy_cpu_s=config.gateway_busy_cpu(), name=f"gateway/{i}")
             for i in range(config.gateway_workers)
         ]
         self._front_draw = self._rng["front"].randrange  # which worker's socket takes a connection (_arrive)

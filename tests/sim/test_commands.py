@@ -31,6 +31,8 @@ def test_profile_measures_the_tiny_engine_and_a_real_replica_and_gateway(tmp_pat
     assert all(t.idle_mean_s is not None and t.idle_mean_s > 0 for row in profile.service for t in row)
     # Real processes answered: CPU per request and a cold start were measured, not defaulted.
     assert 0 < profile.replica_cpu_s < 0.1 and 0 < profile.gateway_cpu_s < 0.1
+    assert profile.replica_busy_cpu_s is not None and 0 < profile.replica_busy_cpu_s < 0.1
+    assert profile.gateway_busy_cpu_s is not None and 0 < profile.gateway_busy_cpu_s < 0.1
     # Wall times at low load hold the CPU and more (the client, loopback, wake-ups), well under a second.
     assert profile.replica_cpu_s <= profile.replica_wall_s < 1 and profile.gateway_cpu_s <= profile.gateway_wall_s < 1
     assert 0 <= profile.timer_lag_s < 1

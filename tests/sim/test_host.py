@@ -51,6 +51,20 @@ def test_a_job_is_handed_back_after_its_wait_without_holding_up_the_next() -> No
         assert server.busy_seconds() == pytest.approx(3.0)
 
 
+def test_a_server_is_busy_while_a_job_runs_or_waits() -> None:
+    for interruptible in (False, True):  # the fast path and the general path
+        loop = EventLoop()
+        server = Server(loop, Host(loop, 1.0), wait_s=0.5)
+        if interruptible:
+            server.interruptible()
+        _finishes(loop, server, [1.0, 1.0])
+        seen: list[bool] = []
+        for at in (0.5, 1.5, 2.2):  # running the first, running the second, done (its wait takes no core)
+            loop.schedule(at, lambda _, s=server, out=seen: out.append(s.busy))
+        loop.run()
+        assert seen == [True, True, False]
+
+
 def test_a_fast_path_server_refuses_faults() -> None:
     loop = EventLoop()
     server = Server(loop, Host(loop, 1.0))

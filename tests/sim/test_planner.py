@@ -19,6 +19,8 @@ def test_capacity_counts_full_batches_and_the_event_loop() -> None:
     assert replica_capacity(p, BatcherConfig(max_batch=8), 1, rows=4) == pytest.approx(2 / 0.0018)
     busy_loop = linear_profile(base_s=0.001, replica_cpu_s=0.002)
     assert replica_capacity(busy_loop, BatcherConfig(max_batch=8), 1) == pytest.approx(500)
+    shared = linear_profile(base_s=0.001, replica_cpu_s=0.002, replica_busy_cpu_s=0.001)  # a busy loop's cost
+    assert replica_capacity(shared, BatcherConfig(max_batch=8), 1) == pytest.approx(1000)
 
 
 def test_the_smallest_fleet_holding_the_slo_is_found() -> None:

@@ -71,6 +71,21 @@ def test_an_engine_straight_on_from_a_batch_runs_at_the_back_to_back_speed() -> 
     assert busy.error_count == 0 and busy.utilisation / 200.0 < 0.0055
 
 
+@pytest.mark.parametrize("part", ["replica", "gateway"])
+def test_a_request_that_finds_its_process_busy_pays_the_busy_cpu(part: str) -> None:
+    """A lone request costs the one-in-flight CPU; under load, requests that find the event loop (or gateway
+    worker) busy cost the busy figure, so 400 req/s that would need 1.6 loops at 4 ms each are served."""
+    costs = {f"{part}_cpu_s": 0.004, f"{part}_busy_cpu_s": 0.001}
+    profile = linear_profile(base_s=0.0001, **costs)  # type: ignore[arg-type]
+    lone = simulate(_config(1, 5.0, groups=(ReplicaGroup(profile, 1),), requests=200))
+    assert lone.p("p50") == pytest.approx(0.0041, abs=1e-6)
+    busy = simulate(_config(1, 400.0, groups=(ReplicaGroup(profile, 1),), requests=8000, seed=1))
+    unmeasured = simulate(_config(1, 400.0, groups=(ReplicaGroup(replace(profile, **{f"{part}_busy_cpu_s": None}), 1),),
+                                  requests=8000, seed=1))
+    assert busy.error_count == 0 and busy.p("p99") < 0.05
+    assert unmeasured.p("p99") > 10 * busy.p("p99")  # 1.6x its capacity: the queue only grows
+
+
 def test_batches_grow_with_load() -> None:
     batching = BatcherConfig(max_batch=32, max_delay_s=0.002)
     profile = linear_profile(base_s=0.001, per_row_s=0.0002)
