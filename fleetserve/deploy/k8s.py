@@ -7,7 +7,8 @@ through DNS, a NetworkPolicy that admits only the fleet's gateway and Prometheus
 Deployment and Service, a PodDisruptionBudget for each, and the engine settings both containers read.
 ``components`` (kustomize Components, combined by the overlays): ``hpa``, ``keda`` (scale to zero),
 ``shared-cache`` (a PersistentVolumeClaim for the engine cache), ``prometheus-operator`` (PodMonitor,
-ServiceMonitor, PrometheusRule), ``gateway-api`` (HTTPRoute) and ``inference-pool`` (InferencePool).
+ServiceMonitor, PrometheusRule), ``gateway-api`` (HTTPRoute), ``inference-pool`` (InferencePool) and
+``frontends`` (``serve --frontends`` with the CPU request it needs).
 ``overlays``: ``cpu``, ``keda``, ``gpu`` (a whole GPU) and one per MIG profile (:mod:`.accelerators`).
 ``prometheus-adapter/config.yaml`` holds the rules the HPA's metrics come through (:mod:`.adapter`).
 Every object carries ``app.kubernetes.io/instance`` (the fleet's name) in its labels and selectors, so two
@@ -42,7 +43,9 @@ COMPONENTS = {
                             "prometheusrule.yaml"),
     "gateway-api": ("kustomization.yaml", "httproute.yaml"),
     "inference-pool": ("kustomization.yaml", "inferencepool.yaml", "replica-networkpolicy-gateway-api.yaml"),
+    "frontends": ("kustomization.yaml", "replica-frontends.yaml"),
 }
+FRONTEND_CORES = 0.6  # CPU per front end at saturation, one text per request (BENCHMARKS.md §10.6)
 IMAGE_MODELS = "/opt/fleetserve/models"  # where the Dockerfiles put exported zoo models
 STARTUP_PERIOD_S = 5  # the startupProbe's periodSeconds
 TERMINATION_MARGIN_S = 5
@@ -99,6 +102,7 @@ class K8sConfig:
     gpu_cpu: str = option("4", "CPU request per GPU replica")
     gpu_memory: str = option("8Gi", "memory request and limit per GPU replica")
     gpu_precision: str = option("fp16", "engine precision on GPUs", choices=("fp16", "bf16", "fp8"))
+    frontends: int = option(10, "front-end processes per replica in the frontends component (serve --frontends)")
     mig_profiles: tuple[str, ...] = option(DEFAULT_MIG_PROFILES, "MIG profiles to render an overlay for",
                                            metavar="PROFILE")
     cache_size: str = option("4Gi", "engine cache volume size (emptyDir limit or PersistentVolumeClaim)")
@@ -132,6 +136,8 @@ class K8sConfig:
             raise ValueError(f"prometheus_url {self.prometheus_url!r} must be an http(s) URL")
         for profile in self.mig_profiles:
             mig_slice(profile)
+        if not 1 <= self.frontends <= 64:
+            raise ValueError(f"frontends must be in 1..64, got {self.frontends}")
         for field_name in ("replicas", "gateway_replicas"):
             if getattr(self, field_name) < 1:
                 raise ValueError(f"{field_name} must be >= 1, got {getattr(self, field_name)}")
@@ -181,7 +187,8 @@ def _values(config: K8sConfig, monitoring: MonitoringConfig) -> dict[str, object
         "startup_failures": math.ceil(config.startup_budget_s / STARTUP_PERIOD_S),
         "gpu_startup_failures": math.ceil(config.gpu_startup_budget_s / STARTUP_PERIOD_S),
         "cpu": config.cpu, "memory": config.memory, "gpu_cpu": config.gpu_cpu, "gpu_memory": config.gpu_memory,
-        "gpu_precision": config.gpu_precision, "cache_size": config.cache_size,
+        "gpu_precision": config.gpu_precision, "cache_size": config.cache_size, "frontends": config.frontends,
+        "frontends_cpu": str(math.ceil(config.frontends * FRONTEND_CORES) + 1),  # + the engine process
         "engine_literals": "\n".join(f"      - {k}={v}" for k, v in config.engine_env().items()),
         "prometheus_namespace": config.prometheus_namespace, "prometheus_url": config.prometheus_url,
         "gateway_api_parent": config.gateway_api_parent, "gateway_api_namespace": config.gateway_api_namespace,

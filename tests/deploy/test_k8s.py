@@ -196,6 +196,7 @@ def test_options_reach_the_manifests() -> None:
     ("gpu_precision", "fp4", "gpu_precision"),
     ("mig_profiles", ("8g.1gb",), "MIG profile"),
     ("prometheus_url", "ftp://x", "URL"),
+    ("frontends", 0, "frontends"),
 ])
 def test_bad_settings_are_refused(field: str, value: object, message: str) -> None:
     with pytest.raises(ValueError, match=message):
@@ -277,6 +278,24 @@ def test_gpu_overlays_run_the_gpu_image_with_their_settings(kubectl_bin: str, tr
     assert metrics == ["fleetserve_queue_depth", *gpu_metric]
     cpu = by_kind_name(kustomize(kubectl_bin, tree / "overlays" / "cpu"))
     assert objects[("Deployment", "fleetserve-gateway")] == cpu[("Deployment", "fleetserve-gateway")]
+
+
+def test_the_frontends_component_runs_front_ends_on_the_gpu_overlay(kubectl_bin: str, tree: Path) -> None:
+    overlay = tree / "overlays" / "gpu-frontends"
+    overlay.mkdir()
+    (overlay / "kustomization.yaml").write_text(yaml.safe_dump({
+        "apiVersion": "kustomize.config.k8s.io/v1beta1", "kind": "Kustomization",
+        "resources": ["../gpu"], "components": ["../../components/frontends"]}))
+    objects = by_kind_name(kustomize(kubectl_bin, overlay))
+    gpu = by_kind_name(kustomize(kubectl_bin, tree / "overlays" / "gpu"))
+    container = _replica_pod(objects)["spec"]["containers"][0]
+    served: ReplicaConfig = _options("serve", *container["args"][1:], env=_env(objects, container))
+    assert served.frontends == 10 and served.engine == _options(
+        "serve", *container["args"][1:], env=_env(gpu, _replica_pod(gpu)["spec"]["containers"][0])).engine
+    assert container["resources"]["requests"]["cpu"] == "7"  # 0.6 of a core per front end + the engine process
+    assert container["resources"]["limits"]["nvidia.com/gpu"] == 1  # the overlay's settings stay
+    unchanged = {k: v for k, v in objects.items() if k != ("Deployment", "fleetserve-replica")}
+    assert unchanged == {k: v for k, v in gpu.items() if k != ("Deployment", "fleetserve-replica")}
 
 
 def test_keda_overlay_scales_to_zero_from_a_shared_cache(kubectl_bin: str, tree: Path) -> None:

@@ -36,7 +36,8 @@ def rendered(kubectl_bin: str, tmp_path_factory: pytest.TempPathFactory) -> list
         root = tmp_path_factory.mktemp(config.name)
         write_tree(root, render_k8s(config))
         overlays = [root / "overlays" / o for o in (*OVERLAYS[:3], *(f"mig-{p}" for p in config.mig_profiles))]
-        overlays.append(with_components(root, "optional", ("gateway-api", "inference-pool", "shared-cache")))
+        overlays.append(with_components(root, "optional", ("gateway-api", "inference-pool", "shared-cache",
+                                                           "frontends")))
         for overlay in overlays:
             for obj in kustomize(kubectl_bin, overlay):
                 seen[json.dumps(obj, sort_keys=True)] = obj
