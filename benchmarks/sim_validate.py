@@ -24,8 +24,12 @@ Profile on a quiet machine: engine times measured while others compete for the c
 prediction then counts that competition twice.
 
 It prints both side by side with the relative errors (goal: throughput within 10%, p99 within 15%).
+``--repeats N`` runs each real row N times and ``--seeds K`` simulates it K times (seeds from ``--seed``): the
+table then gives medians, and each p99 with its range, since the p99 of a run of a few thousand requests
+varies between identical runs, real and simulated alike.
 
     .venv/bin/python benchmarks/sim_validate.py [--profile P.json] [--replicas 2,4] [--duration 20]
+                                                [--repeats 1] [--seeds 1]
 """
 
 from __future__ import annotations
@@ -34,6 +38,7 @@ import argparse
 import asyncio
 import json
 import os
+import statistics
 import subprocess
 import sys
 import time
@@ -70,6 +75,8 @@ class Row:
     background_cores: float
     generator_lag_ms: float
     idle_cpu_p99_ms: float
+    measured_p99_range: tuple[float, float]
+    predicted_p99_range: tuple[float, float]
 
     def error(self, measured: float, predicted: float) -> float:
         return (predicted - measured) / measured if measured else float("nan")
@@ -77,10 +84,17 @@ class Row:
     def cells(self) -> list[str]:
         return [str(self.replicas), self.scenario, f"{self.rate:.0f}", f"{self.measured_rps:.1f}",
                 f"{self.predicted_rps:.1f}", f"{self.error(self.measured_rps, self.predicted_rps):+.1%}",
-                f"{self.measured_p50_ms:.1f}", f"{self.predicted_p50_ms:.1f}", f"{self.measured_p99_ms:.1f}",
-                f"{self.predicted_p99_ms:.1f}", f"{self.error(self.measured_p99_ms, self.predicted_p99_ms):+.1%}",
+                f"{self.measured_p50_ms:.1f}", f"{self.predicted_p50_ms:.1f}",
+                f"{self.measured_p99_ms:.1f}{_range(self.measured_p99_range)}",
+                f"{self.predicted_p99_ms:.1f}{_range(self.predicted_p99_range)}",
+                f"{self.error(self.measured_p99_ms, self.predicted_p99_ms):+.1%}",
                 str(self.errors), f"{self.background_cores:.2f}", f"{self.generator_lag_ms:.2f}",
                 f"{self.idle_cpu_p99_ms:.1f}", f"{self.error(self.measured_p99_ms, self.idle_cpu_p99_ms):+.1%}"]
+
+
+def _range(bounds: tuple[float, float]) -> str:
+    low, high = bounds
+    return "" if low == high else f" ({low:.1f}–{high:.1f})"
 
 
 HEAD = ["replicas", "scenario", "offered req/s", "measured req/s", "predicted req/s", "error", "measured p50 ms",
@@ -133,7 +147,15 @@ def measure_profile(path: Path) -> Profile:
 
 
 def predict(profile: Profile, replicas: int, rate: float, duration_s: float, background_cores: float,
-            throttle: bool, seed: int) -> tuple[float, float, float]:
+            throttle: bool, seeds: range) -> tuple[float, float, list[float]]:
+    """Median throughput and p50 over one simulated run per seed, and every run's p99: a run as long as the
+    real one, so the seeds show how much a p99 of that many requests varies in the model."""
+    runs = [_simulate(profile, replicas, rate, duration_s, background_cores, throttle, seed) for seed in seeds]
+    return (statistics.median(r[0] for r in runs), statistics.median(r[1] for r in runs), [r[2] for r in runs])
+
+
+def _simulate(profile: Profile, replicas: int, rate: float, duration_s: float, background_cores: float,
+              throttle: bool, seed: int) -> tuple[float, float, float]:
     config = SimConfig(
         groups=(ReplicaGroup(profile, replicas),), arrivals=ArrivalConfig("poisson", rate=rate),
         requests=max(1000, round(rate * (WARMUP_S + duration_s))), warmup_s=WARMUP_S,
@@ -168,17 +190,24 @@ async def validate(args: argparse.Namespace, profile: Profile) -> list[Row]:
         for name, share, throttle in cases:
             rate = share * capacity
             print(f"-- {replicas} replicas, {name}: {rate:.0f} req/s, load average {loadavg()}", flush=True)
-            meter = OthersMeter()
-            measured = (await run_scenario(scenario(rate=rate, fault="throttle" if throttle else "none"))).report
-            others = meter.cores()
-            background = rate * generator_cpu_per_request + others
-            rps, p50, p99 = predict(profile, replicas, rate, args.duration, background, throttle, args.seed)
+            runs, others = [], []
+            for _ in range(args.repeats):
+                meter = OthersMeter()
+                runs.append((await run_scenario(scenario(rate=rate, fault="throttle" if throttle else "none"))).report)
+                others.append(meter.cores())
+            background = rate * generator_cpu_per_request + statistics.mean(others)
+            seeds = range(args.seed, args.seed + args.seeds)
+            rps, p50, p99s = predict(profile, replicas, rate, args.duration, background, throttle, seeds)
             idle_only = replace(profile, replica_busy_cpu_s=None, gateway_busy_cpu_s=None)
-            idle_p99 = predict(idle_only, replicas, rate, args.duration, background, throttle, args.seed)[2]
-            lag = measured.schedule_lag_mean_s * 1e3
-            row = Row(replicas, name, rate, measured.achieved_rps, rps, measured.percentile(50) * 1e3, p50 + lag,
-                      measured.percentile(99) * 1e3, p99 + lag, measured.errors, background, lag,
-                      idle_p99 + lag)
+            idle_p99 = statistics.median(predict(idle_only, replicas, rate, args.duration, background, throttle,
+                                                 seeds)[2])
+            lag = statistics.mean(r.schedule_lag_mean_s for r in runs) * 1e3
+            measured_p99s = [r.percentile(99) * 1e3 for r in runs]
+            row = Row(replicas, name, rate, statistics.median(r.achieved_rps for r in runs), rps,
+                      statistics.median(r.percentile(50) for r in runs) * 1e3, p50 + lag,
+                      statistics.median(measured_p99s), statistics.median(p99s) + lag,
+                      sum(r.errors for r in runs), background, lag, idle_p99 + lag,
+                      (min(measured_p99s), max(measured_p99s)), (min(p99s) + lag, max(p99s) + lag))
             print(table([row]), flush=True)
             rows.append(row)
     return rows
@@ -193,6 +222,8 @@ def main() -> None:
     ap.add_argument("--duration", type=float, default=20.0, help="measured seconds per real run")
     ap.add_argument("--capacity-duration", type=float, default=8.0)
     ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--repeats", type=int, default=1, help="real runs per row (medians and the p99's range)")
+    ap.add_argument("--seeds", type=int, default=1, help="simulated runs per row, seeds --seed, --seed + 1, ...")
     ap.add_argument("--out", type=Path, default=Path("out/sim_validate.json"))
     args = ap.parse_args()
     args.out.parent.mkdir(parents=True, exist_ok=True)
