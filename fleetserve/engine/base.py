@@ -61,13 +61,14 @@ class ShapeProfile:
 
     ``seq_buckets`` are the padded sequence lengths the batcher uses; a backend that captures one graph
     per shape (CUDA graphs, TensorRT profiles) builds one per bucket. ``batch_buckets`` are the batch
-    sizes such a backend pads a batch up to; empty means :func:`batch_ladder`.
+    sizes such a backend pads a batch up to (GPU engines take :func:`batch_ladder`, see
+    :meth:`EngineConfig.profile`); an engine that runs any batch shape only warms up at them.
     """
 
     max_batch: int = 32
     max_seq: int = 512
     seq_buckets: tuple[int, ...] = (16, 32, 64, 128, 256, 512)
-    batch_buckets: tuple[int, ...] = ()
+    batch_buckets: tuple[int, ...] = (1, 2, 4, 8, 16, 32)
 
     def __post_init__(self) -> None:
         if self.max_batch < 1 or self.max_seq < 1:
@@ -78,8 +79,7 @@ class ShapeProfile:
         object.__setattr__(
             self,
             "batch_buckets",
-            tuple(sorted({min(b, self.max_batch) for b in self.batch_buckets or batch_ladder(self.max_batch)}
-                         | {self.max_batch})),
+            tuple(sorted({min(b, self.max_batch) for b in self.batch_buckets} | {self.max_batch})),
         )
 
     def key(self) -> str:

@@ -5,7 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from fleetserve.engine.base import Precision, ShapeProfile
+from fleetserve.engine.base import Precision, ShapeProfile, batch_ladder
 from fleetserve.engine.registry import BACKENDS
 from fleetserve.options import option, positive_ints
 
@@ -35,7 +35,7 @@ class EngineConfig:
         (), "batch sizes a graph backend captures (one CUDA graph per batch size and sequence bucket; a batch "
         "runs the smallest that holds it), e.g. 1,8,32,128; max-batch is always one",
         parse=positive_ints, repeat=False, metavar="N[,N...]",
-        default_text="1,2,4 and every multiple of 8 up to max-batch")
+        default_text="on GPUs 1,2,4 and every multiple of 8 up to max-batch; on CPUs 1,2,4,8,16,32, warm-up only")
     accuracy_threshold: float = option(0.99, "refuse a reduced-precision build whose mean cosine vs fp32 is lower")
     home: Path | None = None  # None = $FLEETSERVE_HOME or ~/.cache/fleetserve
     options: dict[str, str] = field(default_factory=dict)
@@ -56,8 +56,13 @@ class EngineConfig:
             raise ValueError(f"int8_method must be dynamic or static, got {self.int8_method!r}")
 
     def profile(self, model_max_seq: int) -> ShapeProfile:
+        """The shapes to build and warm for. A GPU engine pads a batch up to a captured graph, so its default
+        batch sizes are the fine :func:`batch_ladder`; ONNX Runtime on a CPU runs any batch and only warms up
+        at them, so it keeps a few (each one more is warm-up time at every sequence bucket)."""
         max_seq = min(self.max_seq or model_max_seq, model_max_seq)
-        if not self.seq_buckets:
-            return ShapeProfile(max_batch=self.max_batch, max_seq=max_seq, batch_buckets=self.batch_buckets)
-        return ShapeProfile(max_batch=self.max_batch, max_seq=max_seq, seq_buckets=self.seq_buckets,
-                            batch_buckets=self.batch_buckets)
+        shapes: dict[str, tuple[int, ...]] = {}
+        if self.seq_buckets:
+            shapes["seq_buckets"] = self.seq_buckets
+        if self.batch_buckets or self.device != "cpu":
+            shapes["batch_buckets"] = self.batch_buckets or batch_ladder(self.max_batch)
+        return ShapeProfile(max_batch=self.max_batch, max_seq=max_seq, **shapes)

@@ -41,12 +41,14 @@ def test_seq_buckets_shape_the_engine_and_its_cache_key() -> None:
     assert build(fine, quiet=True).key != build(default, quiet=True).key
 
 
-def test_batch_buckets_default_to_a_ladder_of_eights_and_share_the_cached_artifact() -> None:
+def test_gpu_batch_buckets_default_to_a_ladder_of_eights_and_share_the_cached_artifact() -> None:
     assert batch_ladder(128) == (1, 2, 4, *range(8, 129, 8))
     assert batch_ladder(3) == (1, 2, 3) and batch_ladder(12) == (1, 2, 4, 8, 12)
     default = EngineConfig(model="tiny", max_batch=40)
     chosen = EngineConfig(model="tiny", max_batch=40, batch_buckets=(1, 16))
-    assert default.profile(512).batch_buckets == (1, 2, 4, 8, 16, 24, 32, 40)
+    assert EngineConfig(model="tiny", max_batch=40, device="cuda").profile(512).batch_buckets == (
+        1, 2, 4, 8, 16, 24, 32, 40)
+    assert default.profile(512).batch_buckets == (1, 2, 4, 8, 16, 32, 40)  # CPU: warm-up sizes only
     assert chosen.profile(512).batch_buckets == (1, 16, 40)  # max-batch is always a bucket
     # Graph backends capture at load, so the batch sizes are not part of the build.
     assert build(chosen, quiet=True).key == build(default, quiet=True).key
