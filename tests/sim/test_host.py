@@ -24,45 +24,50 @@ def test_a_server_runs_jobs_one_at_a_time_in_order() -> None:
     assert server.busy_seconds() == pytest.approx(3.5)
 
 
-def test_the_fast_path_and_the_general_path_agree() -> None:
-    for interruptible in (False, True):
-        loop = EventLoop()
-        server = Server(loop, Host(loop, 1.0))
-        if interruptible:
-            server.interruptible()
-        first = _finishes(loop, server, [0.3, 0.2], at=0.0)
-        later = _finishes(loop, server, [0.4], at=1.0)
-        busy: list[float] = []
-        loop.schedule(1.2, lambda _, s=server, b=busy: b.append(s.busy_seconds()))
-        loop.run()
-        assert first == [pytest.approx(0.3), pytest.approx(0.5)] and later == [pytest.approx(1.4)]
-        assert busy == [pytest.approx(0.7)]
+PATHS = pytest.mark.parametrize("interruptible", [False, True], ids=["fast path", "general path"])
 
 
-def test_a_job_is_handed_back_after_its_wait_without_holding_up_the_next() -> None:
-    for interruptible in (False, True):  # the fast path and the general path
-        loop = EventLoop()
-        server = Server(loop, Host(loop, 1.0), wait_s=0.25)
-        if interruptible:
-            server.interruptible()
-        done = _finishes(loop, server, [1.0, 2.0])
-        loop.run()
-        assert done == [pytest.approx(1.25), pytest.approx(3.25)]  # the second job started at 1.0, not 1.25
-        assert server.busy_seconds() == pytest.approx(3.0)
+def _server(loop: EventLoop, interruptible: bool, wait_s: float = 0.0) -> Server:
+    """A server on a one-core host, on the fast path or (marked interruptible) the general one."""
+    server = Server(loop, Host(loop, 1.0), wait_s=wait_s)
+    if interruptible:
+        server.interruptible()
+    return server
 
 
-def test_a_server_is_busy_while_a_job_runs_or_waits() -> None:
-    for interruptible in (False, True):  # the fast path and the general path
-        loop = EventLoop()
-        server = Server(loop, Host(loop, 1.0), wait_s=0.5)
-        if interruptible:
-            server.interruptible()
-        _finishes(loop, server, [1.0, 1.0])
-        seen: list[bool] = []
-        for at in (0.5, 1.5, 2.2):  # running the first, running the second, done (its wait takes no core)
-            loop.schedule(at, lambda _, s=server, out=seen: out.append(s.busy))
-        loop.run()
-        assert seen == [True, True, False]
+@PATHS
+def test_the_fast_path_and_the_general_path_agree(interruptible: bool) -> None:
+    loop = EventLoop()
+    server = _server(loop, interruptible)
+    first = _finishes(loop, server, [0.3, 0.2], at=0.0)
+    later = _finishes(loop, server, [0.4], at=1.0)
+    busy: list[float] = []
+    loop.schedule(1.2, lambda _: busy.append(server.busy_seconds()))
+    loop.run()
+    assert first == [pytest.approx(0.3), pytest.approx(0.5)] and later == [pytest.approx(1.4)]
+    assert busy == [pytest.approx(0.7)]
+
+
+@PATHS
+def test_a_job_is_handed_back_after_its_wait_without_holding_up_the_next(interruptible: bool) -> None:
+    loop = EventLoop()
+    server = _server(loop, interruptible, wait_s=0.25)
+    done = _finishes(loop, server, [1.0, 2.0])
+    loop.run()
+    assert done == [pytest.approx(1.25), pytest.approx(3.25)]  # the second job started at 1.0, not 1.25
+    assert server.busy_seconds() == pytest.approx(3.0)
+
+
+@PATHS
+def test_a_server_is_busy_while_a_job_runs_or_is_queued(interruptible: bool) -> None:
+    loop = EventLoop()
+    server = _server(loop, interruptible, wait_s=0.5)
+    _finishes(loop, server, [1.0, 1.0])
+    seen: list[bool] = []
+    for at in (0.5, 1.5, 2.2):  # running the first, running the second, done (its wait takes no core)
+        loop.schedule(at, lambda _: seen.append(server.busy))
+    loop.run()
+    assert seen == [True, True, False]
 
 
 def test_a_fast_path_server_refuses_faults() -> None:
