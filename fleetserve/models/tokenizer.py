@@ -3,7 +3,16 @@
 Padding is dynamic (to the longest text in the call, never a fixed 128) and truncation happens at the
 model maximum; the batcher later pads to its sequence bucket. ``encode`` reports which texts were truncated
 so the HTTP layer can flag them. ``encode_groups`` tokenises several callers' texts in one ``encode_batch``
-call (one crossing into the Rust library, which splits the work over its threads) and packs each group apart.
+call (one crossing into the Rust library) and packs each group apart.
+
+The library's own thread pool is turned off (``TOKENIZERS_PARALLELISM=false``, unless the environment already
+sets it): by default every ``encode_batch`` fans its texts out over a Rayon pool of one thread per core, and a
+server tokenising a few texts per call pays for waking and parking that pool each time. On the 2-core box
+(``benchmarks/tokenizer_threads.py``), two short texts cost 278 µs of CPU per call with the pool and 125 µs
+without it, 32 texts 859 against 695 µs (though 575 against 756 µs of wall time on an idle machine). On a
+16-core H200 host, where each of a replica's front ends owned a 16-thread pool, turning it off served 1.10-1.20x
+the one-text requests/s (BENCHMARKS.md §10.8). Parallelism across requests comes from the replica's processes
+and threads instead.
 
 Packing reads only each text's token ids from the Rust encoding: without padding every attention mask is all
 ones, and the token types of a single text are the same for every text under the tokenizer's template (all
@@ -13,6 +22,7 @@ encoding is a conversion done while holding the interpreter lock, the lock the r
 
 from __future__ import annotations
 
+import os
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -35,8 +45,13 @@ class Encoded:
         }
 
 
+# The tokenizers library reads it at every call; a value the user set wins.
+PARALLELISM_ENV = "TOKENIZERS_PARALLELISM"
+
+
 class TextTokenizer:
     def __init__(self, path: Path, max_length: int) -> None:
+        os.environ.setdefault(PARALLELISM_ENV, "false")
         self.max_length = max_length
         self._tok = Tokenizer.from_file(str(path))
         self._tok.no_padding()

@@ -3,6 +3,7 @@ template's token types."""
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 
 import numpy as np
@@ -11,7 +12,7 @@ from tokenizers import Tokenizer
 from tokenizers.processors import TemplateProcessing
 
 from fleetserve.models.store import ModelStore
-from fleetserve.models.tokenizer import TextTokenizer
+from fleetserve.models.tokenizer import PARALLELISM_ENV, TextTokenizer
 
 TEXTS = ["red running shoes", "a", "the quick brown fox jumps over the lazy dog " * 3]
 
@@ -63,3 +64,13 @@ def test_a_template_with_mixed_token_types_is_read_type_by_type(tokenizer_path: 
     want = expected(reference(saved, 16), TEXTS)
     np.testing.assert_array_equal(packed.token_type_ids, want["token_type_ids"])
     assert packed.token_type_ids[0, 1] == 1 and packed.token_type_ids[1, -1] == 0  # type 1, then padding
+
+
+def test_the_librarys_thread_pool_is_off_unless_the_user_chose(tokenizer_path: Path,
+                                                                monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.delenv(PARALLELISM_ENV, raising=False)
+    TextTokenizer(tokenizer_path, 32)
+    assert os.environ[PARALLELISM_ENV] == "false"
+    monkeypatch.setenv(PARALLELISM_ENV, "true")
+    TextTokenizer(tokenizer_path, 32)
+    assert os.environ[PARALLELISM_ENV] == "true"
