@@ -13,7 +13,9 @@ For 2 and 4 real ``minilm`` int8 replicas on this machine behind our gateway (``
 2. open-loop Poisson load at 30%, 60% and 90% of the capacity, and the throttled-replica scenario (replica 0
    SIGSTOPped 80 ms of every 100 ms) at 60%;
 3. the simulator on the same fleet: the CPU profile (``fleetserve profile minilm --precision int8 --threads 1``,
-   measured first unless ``--profile`` is given; one intra-op thread is what ``fleetserve up`` gives each replica
+   measured first unless ``--profile`` is given, or right before each fleet's runs with ``--profile-each``,
+   since a shared box's speed drifts within the half hour a validation takes, BENCHMARKS.md §8.2; one
+   intra-op thread is what ``fleetserve up`` gives each replica
    here), every replica's event loop and engine thread and the gateway sharing this machine's cores
    (``shared_host_cores``) under processor sharing with a background demand: the load generator's CPU per
    request (measured in the capacity run) times the rate, plus what other processes used during the run
@@ -36,6 +38,7 @@ varies between identical runs, real and simulated alike.
 
     .venv/bin/python benchmarks/sim_validate.py [--profile P.json] [--replicas 2,4] [--duration 20]
                                                 [--repeats 1] [--seeds 1] [--capacity open|closed]
+                                                [--profile-each]
 """
 
 from __future__ import annotations
@@ -212,12 +215,14 @@ async def capacities_of(args: argparse.Namespace, profile: Profile, scenario: Ca
     return measured, predicted
 
 
-async def validate(args: argparse.Namespace, profile: Profile,
+async def validate(args: argparse.Namespace, given: Profile | None,
                    capacities: list[dict[str, float]]) -> list[Row]:
     """The rows of the table; with ``--capacity open`` each fleet's measured and predicted capacity is appended
-    to ``capacities``."""
+    to ``capacities``. ``given`` is the profile for every fleet, or None to measure one before each."""
     rows: list[Row] = []
     for replicas in args.replicas:
+        profile = given if given is not None else await asyncio.to_thread(
+            measure_profile, args.out.with_name(f"{MODEL}-int8-cpu-{replicas}-replicas.json"))
         def scenario(replicas: int = replicas, **kw: object) -> ScenarioConfig:
             base: dict[str, object] = dict(model=MODEL, replica_args=REPLICA_ARGS, replicas=replicas,
                                            warmup_s=WARMUP_S, duration_s=args.duration)
@@ -273,6 +278,8 @@ async def validate(args: argparse.Namespace, profile: Profile,
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--profile", type=Path, help="a CPU profile to use (default: measure one first)")
+    ap.add_argument("--profile-each", action="store_true",
+                    help="measure a profile right before each fleet's runs instead of one first")
     ap.add_argument("--replicas", type=lambda t: [int(x) for x in t.split(",")], default=[2, 4])
     ap.add_argument("--loads", type=lambda t: [float(x) for x in t.split(",")], default=[0.3, 0.6, 0.9])
     ap.add_argument("--throttle-load", type=float, default=0.6)
@@ -291,8 +298,10 @@ def main() -> None:
     args.out.parent.mkdir(parents=True, exist_ok=True)
     print(f"# simulator validation — {os.cpu_count()} cores, {time.strftime('%Y-%m-%d %H:%M %Z')}, "
           f"load average {loadavg()}", flush=True)
+    if args.profile and args.profile_each:
+        ap.error("--profile and --profile-each exclude each other")
     profile = (Profile.load(args.profile) if args.profile
-               else measure_profile(args.out.with_name("minilm-int8-cpu.json")))
+               else None if args.profile_each else measure_profile(args.out.with_name("minilm-int8-cpu.json")))
     capacities: list[dict[str, float]] = []
     rows = asyncio.run(validate(args, profile, capacities))
     print("\n" + table(rows))
