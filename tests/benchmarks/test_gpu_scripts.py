@@ -8,21 +8,12 @@ the shape the GPU run produces.
 from __future__ import annotations
 
 import importlib
-import sys
-from collections.abc import Iterator
 from pathlib import Path
 from types import ModuleType
 
 import pytest
 
 BENCHMARKS = Path(__file__).resolve().parents[2] / "benchmarks"
-
-
-@pytest.fixture(scope="module", autouse=True)
-def on_path() -> Iterator[None]:
-    sys.path.insert(0, str(BENCHMARKS))
-    yield
-    sys.path.remove(str(BENCHMARKS))
 
 
 def script(name: str) -> ModuleType:

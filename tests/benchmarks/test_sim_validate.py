@@ -3,20 +3,8 @@
 from __future__ import annotations
 
 import asyncio
-import sys
-from collections.abc import Iterator
-from pathlib import Path
 
 import pytest
-
-BENCHMARKS = Path(__file__).resolve().parents[2] / "benchmarks"
-
-
-@pytest.fixture(scope="module", autouse=True)
-def on_path() -> Iterator[None]:
-    sys.path.insert(0, str(BENCHMARKS))
-    yield
-    sys.path.remove(str(BENCHMARKS))
 
 
 @pytest.mark.parametrize("edge", [110.0, 131.0, 160.0, 199.0])
