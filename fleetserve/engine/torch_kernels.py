@@ -60,7 +60,11 @@ def quantize_reference(x: torch.Tensor, qscale: float) -> torch.Tensor:
 
 
 class TorchKernels:
-    """Unfused reference: exact (erf) GELU; FP8 products emulated by dequantising to float32."""
+    """Unfused reference: GELU exact (erf) or, with ``tanh_gelu``, its tanh form; FP8 products emulated by
+    dequantising to float32."""
+
+    def __init__(self, tanh_gelu: bool = False) -> None:
+        self.approximate = "tanh" if tanh_gelu else "none"
 
     def add_layernorm(
         self, x: torch.Tensor, residual: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor, eps: float,
@@ -70,7 +74,7 @@ class TorchKernels:
         return y32.to(x.dtype), (quantize_reference(y32, qscale) if qscale is not None else None)
 
     def gelu(self, x: torch.Tensor, qscale: float | None) -> torch.Tensor:
-        y = F.gelu(x.float())
+        y = F.gelu(x.float(), approximate=self.approximate)
         return quantize_reference(y, qscale) if qscale is not None else y.to(x.dtype)
 
     def quantize(self, x: torch.Tensor, qscale: float) -> torch.Tensor:
@@ -80,7 +84,7 @@ class TorchKernels:
         return F.scaled_dot_product_attention(q, k, v, attn_mask=bias)
 
     def linear_gelu(self, x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor) -> torch.Tensor:
-        return F.gelu(F.linear(x, weight, bias))
+        return F.gelu(F.linear(x, weight, bias), approximate=self.approximate)
 
     def fp8_linear(self, xq: torch.Tensor, wq: torch.Tensor, s: Fp8Scales, bias: torch.Tensor) -> torch.Tensor:
         out = (xq.float() * s.x) @ (wq.float() * s.w).t() + bias.float()
@@ -95,17 +99,18 @@ class TorchKernels:
 class TritonKernels:
     """CUDA path: Triton for the fused chains, cuBLASLt (through PyTorch) for the matrix products.
 
-    ``gelu_epilogue``: the half-precision first FFN product runs with cuBLASLt's bias+GELU epilogue (one
-    kernel, no extra pass over the 4×-wide intermediate) at the cost of GELU's tanh approximation;
-    otherwise an exact-GELU Triton pass follows the product. ``fused_ffn1``: the FP8 first FFN product is
+    ``tanh_gelu``: GELU in its tanh form. The half-precision first FFN product then runs with cuBLASLt's
+    bias+GELU epilogue (one kernel, no extra pass over the 4×-wide intermediate), and the FP8 one's GELU + cast
+    pass computes the tanh with one hardware instruction instead of the erf polynomial; otherwise an
+    exact-GELU Triton pass follows the product. ``fused_ffn1``: the FP8 first FFN product is
     the Triton GEMM with bias+GELU+FP8 epilogue instead of ``_scaled_mm`` + a GELU/cast pass. Attention is
     PyTorch's SDPA with an additive mask; on the H200 it already dispatches to cuDNN's fused flash kernel.
     """
 
-    def __init__(self, gelu_epilogue: bool = True, fast_accum: bool = True, fused_ffn1: bool = False) -> None:
+    def __init__(self, tanh_gelu: bool = True, fast_accum: bool = True, fused_ffn1: bool = False) -> None:
         from fleetserve.engine import torch_triton
 
-        self.gelu_epilogue = gelu_epilogue
+        self.tanh_gelu = tanh_gelu
         self.fast_accum = fast_accum
         self.fused_ffn1 = fused_ffn1
         self._t: Any = torch_triton
@@ -137,7 +142,8 @@ class TritonKernels:
         n = x.numel()
         block = 2048
         self._t.pointwise[(math.ceil(n / block),)](
-            x, out, n, 1.0 / (qscale or 1.0), BLOCK=block, GELU=gelu, QUANT=qscale is not None, num_warps=8,
+            x, out, n, 1.0 / (qscale or 1.0), BLOCK=block, GELU=gelu, TANH=self.tanh_gelu, QUANT=qscale is not None,
+            num_warps=8,
         )
         return out
 
@@ -145,7 +151,7 @@ class TritonKernels:
         return F.scaled_dot_product_attention(q, k, v, attn_mask=bias)
 
     def linear_gelu(self, x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor) -> torch.Tensor:
-        if self.gelu_epilogue:
+        if self.tanh_gelu:
             return torch._addmm_activation(bias, x, weight.t(), use_gelu=True)
         return self.gelu(F.linear(x, weight, bias), None)
 
@@ -167,7 +173,7 @@ class TritonKernels:
         def grid(meta: dict[str, int]) -> tuple[int]:
             return (triton_cdiv(m, meta["BM"]) * triton_cdiv(n, meta["BN"]),)
 
-        self._t.fp8_gemm_gelu[grid](xq, wq, bias, out, m, n, k, s.product, 1.0 / qscale)
+        self._t.fp8_gemm_gelu[grid](xq, wq, bias, out, m, n, k, s.product, 1.0 / qscale, TANH=self.tanh_gelu)
         return out
 
 

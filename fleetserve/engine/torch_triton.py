@@ -2,7 +2,11 @@
 
 * ``add_ln``: residual add + LayerNorm over one row per program, optionally also writing the e4m3 copy
   of the output that the next linear layer reads (one read of each input, one write of each output).
-* ``pointwise``: exact (erf) GELU and/or e4m3 cast over a flat tensor.
+* ``pointwise``: GELU and/or e4m3 cast over a flat tensor.
+* ``gelu``: exact (erf) GELU, or its tanh form (Hendrycks & Gimpel 2016, the form cuBLASLt's GELU epilogue
+  computes) on the GPU's ``tanh.approx.f32`` instruction: one special-function op per element where the erf
+  polynomial takes a few dozen. Over BERT-base's 4×-wide intermediate the erf made the GELU + cast pass
+  arithmetic-bound, at about half the H200's memory bandwidth (BENCHMARKS.md §2).
 * ``fp8_gemm_gelu``: ``gelu(A·Bᵀ·s + bias)`` cast to e4m3, for the first feed-forward layer: the 4×-wide
   intermediate leaves the GPU's registers once, as FP8, instead of being written in bf16 by the matrix
   product and read back by a GELU pass. Tiled matrix product with grouped tile order for L2 reuse, as in
@@ -38,13 +42,23 @@ def add_ln(x_ptr, r_ptr, w_ptr, b_ptr, y_ptr, q_ptr, cols, eps, inv_scale,  # ty
 
 
 @triton.jit
+def gelu(v, TANH: tl.constexpr):  # type: ignore[no-untyped-def]
+    if TANH:
+        inner = 0.7978845608028654 * (v + 0.044715 * v * v * v)
+        t = tl.inline_asm_elementwise("tanh.approx.f32 $0, $1;", "=f,f", [inner], dtype=tl.float32, is_pure=True,
+                                      pack=1)
+        return 0.5 * v * (1.0 + t)
+    return 0.5 * v * (1.0 + tl.erf(v * 0.7071067811865476))
+
+
+@triton.jit
 def pointwise(x_ptr, y_ptr, n, inv_scale,  # type: ignore[no-untyped-def]
-              BLOCK: tl.constexpr, GELU: tl.constexpr, QUANT: tl.constexpr):
+              BLOCK: tl.constexpr, GELU: tl.constexpr, TANH: tl.constexpr, QUANT: tl.constexpr):
     offs = tl.program_id(0).to(tl.int64) * BLOCK + tl.arange(0, BLOCK)
     mask = offs < n
     v = tl.load(x_ptr + offs, mask=mask, other=0.0).to(tl.float32)
     if GELU:
-        v = 0.5 * v * (1.0 + tl.erf(v * 0.7071067811865476))
+        v = gelu(v, TANH)
     if QUANT:
         v = tl.minimum(tl.maximum(v * inv_scale, -448.0), 448.0)
     tl.store(y_ptr + offs, v.to(y_ptr.dtype.element_ty), mask=mask)
@@ -62,7 +76,7 @@ _GEMM_CONFIGS = [
 @triton.autotune(configs=_GEMM_CONFIGS, key=["M", "N", "K"])
 @triton.jit
 def fp8_gemm_gelu(a_ptr, b_ptr, bias_ptr, c_ptr, M, N, K, ab_scale, inv_out_scale,  # type: ignore[no-untyped-def]
-                  BM: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr, GROUP: tl.constexpr):
+                  TANH: tl.constexpr, BM: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr, GROUP: tl.constexpr):
     """A [M, K] e4m3 row-major, B [N, K] e4m3 row-major (the weight), C [M, N] e4m3."""
     pid = tl.program_id(0)
     tiles_m = tl.cdiv(M, BM)
@@ -87,8 +101,7 @@ def fp8_gemm_gelu(a_ptr, b_ptr, bias_ptr, c_ptr, M, N, K, ab_scale, inv_out_scal
         a_ptrs += BK
         b_ptrs += BK
     bias = tl.load(bias_ptr + cols, mask=cols < N, other=0.0).to(tl.float32)
-    v = acc * ab_scale + bias[None, :]
-    v = 0.5 * v * (1.0 + tl.erf(v * 0.7071067811865476))
+    v = gelu(acc * ab_scale + bias[None, :], TANH)
     v = tl.minimum(tl.maximum(v * inv_out_scale, -448.0), 448.0)
     c_ptrs = c_ptr + rows.to(tl.int64)[:, None] * N + cols[None, :]
     tl.store(c_ptrs, v.to(c_ptr.dtype.element_ty), mask=(rows[:, None] < M) & (cols[None, :] < N))

@@ -110,7 +110,8 @@ def test_weights_from_hf_names_the_missing_weight() -> None:
         weights_from_hf(state, cfg)
 
 
-def test_fp8_calibrated_weights_stay_close_to_fp32() -> None:
+@pytest.mark.parametrize("tanh_gelu", [False, True], ids=["exact-gelu", "tanh-gelu"])
+def test_fp8_calibrated_weights_stay_close_to_fp32(tanh_gelu: bool) -> None:
     model = tiny_model()
     rng = np.random.default_rng(3)
     calib = [{k: torch.from_numpy(v) for k, v in random_batch(rng, 8, 32).items()} for _ in range(4)]
@@ -120,7 +121,7 @@ def test_fp8_calibrated_weights_stay_close_to_fp32() -> None:
     assert weights["0.qkv_w"].dtype == FP8 and weights["0.qkv_ws"].dtype == torch.float32
     assert weights["emb.word"].dtype == torch.bfloat16
     meta = {"precision": "fp8", "config": cfg.to_json(), "act_scales": scales}
-    enc = make_encoder(meta, weights, TorchKernels())
+    enc = make_encoder(meta, weights, TorchKernels(tanh_gelu=tanh_gelu))
     held = random_batch(rng, 16, 32)
     with torch.no_grad():
         sims = cosines(model(*as_torch(held))[1], enc.forward(*as_torch(held))[1])
@@ -154,7 +155,7 @@ def test_artifact_round_trip(tmp_path: Path) -> None:
 def test_options_parse_and_validate() -> None:
     opts = TorchCudaOptions.from_options({"gelu": "exact", "fp8_margin": "4", "fp8_fast_accum": "0", "tokenizer": "x"})
     assert opts == TorchCudaOptions(gelu="exact", fp8_margin=4.0, fp8_fast_accum=False)
-    with pytest.raises(ValueError, match="gelu"):
+    with pytest.raises(ValueError, match="gelu must be one of tanh, exact"):
         TorchCudaOptions.from_options({"gelu": "fast"})
     with pytest.raises(ValueError, match="fp8_margin must be a number"):
         TorchCudaOptions.from_options({"fp8_margin": "big"})
@@ -222,7 +223,7 @@ PROFILE = ShapeProfile(max_batch=8, max_seq=64, seq_buckets=(16, 32, 64), batch_
 def test_triton_kernels_match_reference() -> None:
     from fleetserve.engine.torch_kernels import TritonKernels
 
-    tk, rk = TritonKernels(gelu_epilogue=False), TorchKernels()
+    tk, rk = TritonKernels(tanh_gelu=False), TorchKernels()
     g = torch.Generator(device="cuda").manual_seed(0)
     for dtype in (torch.float16, torch.bfloat16, torch.float32):
         x, r = (torch.randn(37, 384, device="cuda", generator=g).to(dtype) for _ in range(2))
@@ -236,6 +237,19 @@ def test_triton_kernels_match_reference() -> None:
         torch.testing.assert_close(tk.gelu(z, None).float(), rk.gelu(z, None).float(), atol=2e-2, rtol=1e-2)
         assert_fp8_close(tk.gelu(z, 0.01), rk.gelu(z, 0.01))
         assert_fp8_close(tk.quantize(z, 0.01), rk.quantize(z, 0.01))
+
+
+@gpu
+def test_tanh_gelu_pass_matches_its_reference() -> None:
+    """The hardware tanh (relative error about 2^-11) against PyTorch's tanh GELU, before and after the cast."""
+    from fleetserve.engine.torch_kernels import TritonKernels
+
+    tk, rk = TritonKernels(tanh_gelu=True), TorchKernels(tanh_gelu=True)
+    z = torch.randn(7, 3072, device="cuda", generator=torch.Generator(device="cuda").manual_seed(4)) * 3
+    for dtype in (torch.float16, torch.bfloat16):
+        torch.testing.assert_close(tk.gelu(z.to(dtype), None).float(), rk.gelu(z.to(dtype), None).float(),
+                                   atol=2e-2, rtol=1e-2)
+        assert_fp8_close(tk.gelu(z.to(dtype), 0.01), rk.gelu(z.to(dtype), 0.01))
 
 
 def assert_fp8_close(a, b) -> None:
@@ -276,7 +290,7 @@ def test_fused_fp8_ffn1_matches_reference(shape: tuple[int, int, int]) -> None:
 
     xq, wq, scales, bias = fp8_problem(*shape, seed=2)
     got = TritonKernels(fused_ffn1=True).fp8_linear_gelu(xq, wq, scales, bias, 0.01)
-    want = TorchKernels().fp8_linear_gelu(xq, wq, scales, bias, 0.01)
+    want = TorchKernels(tanh_gelu=True).fp8_linear_gelu(xq, wq, scales, bias, 0.01)
     assert got.shape == want.shape and got.dtype == FP8
     fa, fb = got.float(), want.float()
     assert torch.isfinite(fa).all()
