@@ -13,8 +13,8 @@ for minutes of compile time per shape set.
 
 Options (``BuildSpec.options``): ``gelu`` = ``tanh`` (GELU's tanh form: cuBLASLt's bias+GELU epilogue in
 half precision, the hardware tanh in FP8's GELU + cast pass; default) or ``exact`` (erf); ``ffn1`` =
-``cublas`` (``_scaled_mm`` then a GELU+cast pass; default) or ``triton`` (one FP8
-GEMM with a bias+GELU+cast epilogue: +3% at batch 512, -2% at batch 128 on the H200); ``fp8_margin``
+``triton`` (one FP8 GEMM with a bias+GELU+cast epilogue; default: faster than the other at every batch size
+on the H200, BENCHMARKS.md §10.2) or ``cublas`` (``_scaled_mm`` then a GELU+cast pass); ``fp8_margin``
 (default 2); ``fp8_fast_accum`` = ``1``/``0`` (default 1).
 """
 
@@ -48,7 +48,7 @@ _DTYPES = {Precision.FP32: "float32", Precision.FP16: "float16", Precision.BF16:
 @dataclass(frozen=True)
 class TorchCudaOptions:
     gelu: str = "tanh"
-    ffn1: str = "cublas"
+    ffn1: str = "triton"
     fp8_margin: float = 2.0
     fp8_fast_accum: bool = True
 

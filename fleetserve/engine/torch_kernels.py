@@ -23,6 +23,9 @@ import torch.nn.functional as F
 
 FP8 = torch.float8_e4m3fn
 FP8_MAX = 448.0  # largest finite e4m3fn value; casts beyond it give NaN, so every cast clamps first
+# Rows from which the fused FP8 FFN1 runs persistent (H200, `benchmarks/gpu_ffn1.py`: 13-18% faster than one
+# tile per program from 16,384 rows in every width measured, in two of three at 8,192; BENCHMARKS.md §10.2).
+PERSISTENT_MIN_ROWS = 8192
 
 
 @dataclass(frozen=True)
@@ -103,17 +106,26 @@ class TritonKernels:
     bias+GELU epilogue (one kernel, no extra pass over the 4×-wide intermediate), and the FP8 one's GELU + cast
     pass computes the tanh with one hardware instruction instead of the erf polynomial; otherwise an
     exact-GELU Triton pass follows the product. ``fused_ffn1``: the FP8 first FFN product is
-    the Triton GEMM with bias+GELU+FP8 epilogue instead of ``_scaled_mm`` + a GELU/cast pass. Attention is
-    PyTorch's SDPA with an additive mask; on the H200 it already dispatches to cuDNN's fused flash kernel.
+    a Triton GEMM with bias+GELU+FP8 epilogue instead of ``_scaled_mm`` + a GELU/cast pass: the persistent TMA
+    kernel from ``persistent_min_rows`` rows on, one tile per program below. Attention is PyTorch's SDPA with
+    an additive mask; on the H200 it already dispatches to cuDNN's fused flash kernel.
     """
 
-    def __init__(self, tanh_gelu: bool = True, fast_accum: bool = True, fused_ffn1: bool = False) -> None:
+    def __init__(
+        self, tanh_gelu: bool = True, fast_accum: bool = True, fused_ffn1: bool = False,
+        persistent_min_rows: int = PERSISTENT_MIN_ROWS,
+    ) -> None:
+        import triton
+
         from fleetserve.engine import torch_triton
 
         self.tanh_gelu = tanh_gelu
         self.fast_accum = fast_accum
         self.fused_ffn1 = fused_ffn1
+        self.persistent_min_rows = persistent_min_rows
         self._t: Any = torch_triton
+        self._triton: Any = triton
+        self._sms: dict[torch.device, int] = {}
 
     def add_layernorm(
         self, x: torch.Tensor, residual: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor, eps: float,
@@ -168,12 +180,26 @@ class TritonKernels:
             return self.gelu(self.fp8_linear(xq, wq, s, bias), qscale)
         m, k = xq.shape
         n = wq.shape[0]
-        out = torch.empty((m, n), dtype=FP8, device=xq.device)
+        device = xq.device
+        out = torch.empty((m, n), dtype=FP8, device=device)
+        args = (xq, wq, bias, out, m, n, k, 1 << (m - 1).bit_length(), s.product, 1.0 / qscale)
+        if m < self.persistent_min_rows:
+            def grid(meta: dict[str, int]) -> tuple[int]:
+                return (triton_cdiv(m, meta["BM"]) * triton_cdiv(n, meta["BN"]),)
 
-        def grid(meta: dict[str, int]) -> tuple[int]:
-            return (triton_cdiv(m, meta["BM"]) * triton_cdiv(n, meta["BN"]),)
+            self._t.fp8_gemm_gelu[grid](*args, TANH=self.tanh_gelu)
+            return out
+        if device not in self._sms:
+            self._sms[device] = torch.cuda.get_device_properties(device).multi_processor_count
+        sms = self._sms[device]
 
-        self._t.fp8_gemm_gelu[grid](xq, wq, bias, out, m, n, k, s.product, 1.0 / qscale, TANH=self.tanh_gelu)
+        def persistent_grid(meta: dict[str, int]) -> tuple[int]:
+            return (min(sms, triton_cdiv(m, meta["BM"]) * triton_cdiv(n, meta["BN"])),)
+
+        # The kernel builds its TMA descriptors on the device, in scratch memory Triton asks this for (the
+        # setting is per thread, and graphs are captured on each instance's own thread).
+        self._triton.set_allocator(lambda size, _align, _stream: torch.empty(size, dtype=torch.int8, device=device))
+        self._t.fp8_gemm_gelu_persistent[persistent_grid](*args, TANH=self.tanh_gelu, PROGRAMS=sms)
         return out
 
 

@@ -7,11 +7,12 @@
   computes) on the GPU's ``tanh.approx.f32`` instruction: one special-function op per element where the erf
   polynomial takes a few dozen. Over BERT-base's 4×-wide intermediate the erf made the GELU + cast pass
   arithmetic-bound, at about half the H200's memory bandwidth (BENCHMARKS.md §2).
-* ``fp8_gemm_gelu``: ``gelu(A·Bᵀ·s + bias)`` cast to e4m3, for the first feed-forward layer: the 4×-wide
-  intermediate leaves the GPU's registers once, as FP8, instead of being written in bf16 by the matrix
-  product and read back by a GELU pass. Tiled matrix product with grouped tile order for L2 reuse, as in
-  Triton's matrix-multiplication tutorial; both operands K-contiguous, which is the layout Hopper's FP8
-  tensor-core instructions take; tile shapes autotuned per problem size.
+* ``fp8_gemm_gelu`` and ``fp8_gemm_gelu_persistent``: ``gelu(A·Bᵀ·s + bias)`` cast to e4m3, for the first
+  feed-forward layer: the 4×-wide intermediate leaves the GPU's registers once, as FP8, instead of being
+  written in bf16 by the matrix product and read back by a GELU pass. Tiled matrix products with grouped tile
+  order for L2 reuse, as in Triton's matrix-multiplication tutorials; both operands K-contiguous, which is the
+  layout Hopper's FP8 tensor-core instructions take; tile shapes autotuned per size class. The first runs one
+  tile per program (small M); the second is persistent and loads through TMA (large M).
 """
 
 from __future__ import annotations
@@ -64,28 +65,45 @@ def pointwise(x_ptr, y_ptr, n, inv_scale,  # type: ignore[no-untyped-def]
     tl.store(y_ptr + offs, v.to(y_ptr.dtype.element_ty), mask=mask)
 
 
-_GEMM_CONFIGS = [
-    triton.Config({"BM": 128, "BN": 256, "BK": 128, "GROUP": 8}, num_stages=3, num_warps=8),
-    triton.Config({"BM": 128, "BN": 128, "BK": 128, "GROUP": 8}, num_stages=4, num_warps=8),
-    triton.Config({"BM": 64, "BN": 256, "BK": 128, "GROUP": 8}, num_stages=4, num_warps=4),
-    triton.Config({"BM": 128, "BN": 128, "BK": 64, "GROUP": 8}, num_stages=5, num_warps=4),
-    triton.Config({"BM": 64, "BN": 64, "BK": 128, "GROUP": 8}, num_stages=4, num_warps=4),
-]
+def _configs(shapes: list[tuple[int, int, int, int, int]]) -> list[triton.Config]:
+    return [triton.Config({"BM": bm, "BN": bn, "BK": bk, "GROUP": 8}, num_stages=stages, num_warps=warps)
+            for bm, bn, bk, stages, warps in shapes]
 
 
-@triton.autotune(configs=_GEMM_CONFIGS, key=["M", "N", "K"])
+# (BM, BN, BK, stages, warps): the winners of a wider sweep on the H200 (BENCHMARKS.md §10.2, ninth session).
+_GEMM_CONFIGS = _configs([(128, 256, 64, 4, 8), (128, 256, 128, 3, 8), (128, 128, 64, 5, 4), (128, 128, 128, 4, 8),
+                          (64, 256, 128, 4, 4)])
+_PERSISTENT_CONFIGS = _configs([(128, 256, 128, 4, 8), (128, 256, 128, 3, 8), (128, 256, 64, 4, 8),
+                                (256, 128, 128, 3, 8), (128, 128, 128, 4, 8)])
+# Tuned once per power-of-two class of M (not per M: a CUDA-graph ladder has dozens of row counts) and per
+# N, K; Triton is asked to keep the choices in its on-disk cache for the next start.
+_KEY = ["M_CLASS", "N", "K"]
+
+
 @triton.jit
-def fp8_gemm_gelu(a_ptr, b_ptr, bias_ptr, c_ptr, M, N, K, ab_scale, inv_out_scale,  # type: ignore[no-untyped-def]
-                  TANH: tl.constexpr, BM: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr, GROUP: tl.constexpr):
-    """A [M, K] e4m3 row-major, B [N, K] e4m3 row-major (the weight), C [M, N] e4m3."""
-    pid = tl.program_id(0)
-    tiles_m = tl.cdiv(M, BM)
-    tiles_n = tl.cdiv(N, BN)
+def _tile(tile, tiles_m, tiles_n, GROUP: tl.constexpr):  # type: ignore[no-untyped-def]
+    """Grouped tile order (row tiles in groups of GROUP share B's columns in L2), as in Triton's tutorial."""
     per_group = GROUP * tiles_n
-    first_m = (pid // per_group) * GROUP
+    first_m = (tile // per_group) * GROUP
     group_m = min(tiles_m - first_m, GROUP)
-    pid_m = first_m + (pid % per_group) % group_m
-    pid_n = (pid % per_group) // group_m
+    return first_m + (tile % per_group) % group_m, (tile % per_group) // group_m
+
+
+@triton.jit
+def _gelu_fp8(acc, bias_ptr, cols, N, ab_scale, inv_out_scale, TANH: tl.constexpr):  # type: ignore[no-untyped-def]
+    bias = tl.load(bias_ptr + cols, mask=cols < N, other=0.0).to(tl.float32)
+    v = gelu(acc * ab_scale + bias[None, :], TANH)
+    return tl.minimum(tl.maximum(v * inv_out_scale, -448.0), 448.0)
+
+
+@triton.autotune(configs=_GEMM_CONFIGS, key=_KEY, cache_results=True)
+@triton.heuristics({"EVEN_K": lambda args: args["K"] % args["BK"] == 0})
+@triton.jit
+def fp8_gemm_gelu(a_ptr, b_ptr, bias_ptr, c_ptr, M, N, K, M_CLASS, ab_scale,  # type: ignore[no-untyped-def]
+                  inv_out_scale, TANH: tl.constexpr, BM: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr,
+                  GROUP: tl.constexpr, EVEN_K: tl.constexpr):
+    """A [M, K] e4m3 row-major, B [N, K] e4m3 row-major (the weight), C [M, N] e4m3; one tile per program."""
+    pid_m, pid_n = _tile(tl.program_id(0), tl.cdiv(M, BM), tl.cdiv(N, BN), GROUP)
     rows = pid_m * BM + tl.arange(0, BM)
     cols = pid_n * BN + tl.arange(0, BN)
     ks = tl.arange(0, BK)
@@ -94,14 +112,41 @@ def fp8_gemm_gelu(a_ptr, b_ptr, bias_ptr, c_ptr, M, N, K, ab_scale, inv_out_scal
     b_ptrs = b_ptr + (cols % N).to(tl.int64)[None, :] * K + ks[:, None]
     acc = tl.zeros((BM, BN), dtype=tl.float32)
     for k0 in range(0, K, BK):
-        k_left = K - k0
-        a = tl.load(a_ptrs, mask=ks[None, :] < k_left, other=0.0)
-        b = tl.load(b_ptrs, mask=ks[:, None] < k_left, other=0.0)
+        if EVEN_K:
+            a = tl.load(a_ptrs)
+            b = tl.load(b_ptrs)
+        else:
+            a = tl.load(a_ptrs, mask=ks[None, :] < K - k0, other=0.0)
+            b = tl.load(b_ptrs, mask=ks[:, None] < K - k0, other=0.0)
         acc = tl.dot(a, b, acc)
         a_ptrs += BK
         b_ptrs += BK
-    bias = tl.load(bias_ptr + cols, mask=cols < N, other=0.0).to(tl.float32)
-    v = gelu(acc * ab_scale + bias[None, :], TANH)
-    v = tl.minimum(tl.maximum(v * inv_out_scale, -448.0), 448.0)
+    v = _gelu_fp8(acc, bias_ptr, cols, N, ab_scale, inv_out_scale, TANH)
     c_ptrs = c_ptr + rows.to(tl.int64)[:, None] * N + cols[None, :]
     tl.store(c_ptrs, v.to(c_ptr.dtype.element_ty), mask=(rows[:, None] < M) & (cols[None, :] < N))
+
+
+@triton.autotune(configs=_PERSISTENT_CONFIGS, key=_KEY, cache_results=True)
+@triton.jit
+def fp8_gemm_gelu_persistent(a_ptr, b_ptr, bias_ptr, c_ptr, M, N, K, M_CLASS,  # type: ignore[no-untyped-def]
+                             ab_scale, inv_out_scale, TANH: tl.constexpr, BM: tl.constexpr, BN: tl.constexpr,
+                             BK: tl.constexpr, GROUP: tl.constexpr, PROGRAMS: tl.constexpr):
+    """The same product for large M: ``PROGRAMS`` (one per SM) programs loop over the tiles, loading through
+    Hopper's tensor-memory accelerator (TMA descriptors, which also clip the edges), with the tile loop
+    flattened so the next tile's loads overlap this tile's epilogue; Triton's persistent matmul tutorial
+    (09-persistent-matmul) is the pattern. On the H200 it took BERT-base's FFN1 at 16,384 rows from 105 to
+    86 µs; with few tiles (1,024 rows) one tile per program is faster."""
+    a_desc = tl.make_tensor_descriptor(a_ptr, shape=[M, K], strides=[K, 1], block_shape=[BM, BK])
+    b_desc = tl.make_tensor_descriptor(b_ptr, shape=[N, K], strides=[K, 1], block_shape=[BN, BK])
+    c_desc = tl.make_tensor_descriptor(c_ptr, shape=[M, N], strides=[N, 1], block_shape=[BM, BN])
+    tiles_m = tl.cdiv(M, BM)
+    tiles_n = tl.cdiv(N, BN)
+    for tile in tl.range(tl.program_id(0), tiles_m * tiles_n, PROGRAMS, flatten=True):
+        pid_m, pid_n = _tile(tile, tiles_m, tiles_n, GROUP)
+        acc = tl.zeros((BM, BN), dtype=tl.float32)
+        for ki in range(tl.cdiv(K, BK)):
+            a = a_desc.load([pid_m * BM, ki * BK])
+            b = b_desc.load([pid_n * BN, ki * BK])
+            acc = tl.dot(a, b.T, acc)
+        v = _gelu_fp8(acc, bias_ptr, pid_n * BN + tl.arange(0, BN), N, ab_scale, inv_out_scale, TANH)
+        c_desc.store([pid_m * BM, pid_n * BN], v.to(c_ptr.dtype.element_ty))
