@@ -272,6 +272,11 @@ def test_gpu_overlays_run_the_gpu_image_with_their_settings(kubectl_bin: str, tr
     assert (served.engine.backend, served.engine.device, str(served.engine.precision)) == ("torch-cuda", "cuda", "fp16")
     assert (served.instances, served.engine.max_batch) == (accel.instances, accel.max_batch)
     assert deployment["spec"]["strategy"]["rollingUpdate"] == {"maxSurge": 0, "maxUnavailable": 1}
+    # Triton's kernel and tuning cache lives on the engine-cache volume, beside the engine both containers use.
+    for c in (init, container):
+        env = {e["name"]: e.get("value") for e in c["env"]}
+        cache = next(m["mountPath"] for m in c["volumeMounts"] if m["name"] == "engine-cache")
+        assert env["TRITON_CACHE_DIR"].startswith(cache + "/") and env["FLEETSERVE_HOME"] == cache
     metrics = [m["pods"]["metric"]["name"] for m in objects[("HorizontalPodAutoscaler", "fleetserve-replica")]
                ["spec"]["metrics"] if m["type"] == "Pods"]
     gpu_metric = ["fleetserve_gpu_utilization_ratio"] if accel.whole else []
