@@ -76,7 +76,7 @@ _GEMM_CONFIGS = _configs([(128, 256, 64, 4, 8), (128, 256, 128, 3, 8), (128, 128
 _PERSISTENT_CONFIGS = _configs([(128, 256, 128, 4, 8), (128, 256, 128, 3, 8), (128, 256, 64, 4, 8),
                                 (256, 128, 128, 3, 8), (128, 128, 128, 4, 8)])
 # Tuned once per power-of-two class of M (not per M: a CUDA-graph ladder has dozens of row counts) and per
-# N, K; Triton is asked to keep the choices in its on-disk cache for the next start.
+# N, K; Triton keeps the choices in its on-disk cache, so the next start skips the tuning (BENCHMARKS.md §10.2).
 _KEY = ["M_CLASS", "N", "K"]
 
 
