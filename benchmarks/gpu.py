@@ -8,13 +8,13 @@ latency per batch and sequences per second of:
 plus each engine's accuracy report (cosine vs FP32 on held-out text, and on the benchmark batch), 1/2/4
 engine instances driven by as many threads, and NVML readings (idle and right after the heaviest run).
 Engine variants are ``precision[:option=value...]`` (options of the torch-cuda backend, e.g.
-``fp8:ffn1=triton:fp8_margin=4``); a failing variant is reported and the run goes on. ``--profile``
+``fp8:ffn1=cublas:fp8_margin=4``); a failing variant is reported and the run goes on. ``--profile``
 lists the GPU kernels of un-graphed batch-128 forwards. Prints markdown tables and writes
 ``gpu_bench.json``, ``gpu_bench.md`` (and ``gpu_profile.txt``) to ``--out`` (default ``$OUT``).
 
     python3 benchmarks/gpu.py                                 # defaults: fp16, bf16, fp8 on both models
-    python3 benchmarks/gpu.py --budget 0.3 --engines fp16,bf16,fp8,fp8:ffn1=triton \
-        --instances fp16,fp8:ffn1=triton --profile fp8        # the BENCHMARKS.md run (under 3 minutes)
+    python3 benchmarks/gpu.py --budget 0.3 --engines fp16,bf16,fp8,fp8:ffn1=cublas \
+        --instances fp16,fp8 --profile fp8        # the BENCHMARKS.md runs (under 3 minutes)
 """
 
 from __future__ import annotations
