@@ -31,7 +31,10 @@ For 2 and 4 real ``minilm`` int8 replicas on this machine behind our gateway (``
 Profile on a quiet machine: engine times measured while others compete for the cores are inflated, and the
 prediction then counts that competition twice.
 
-It prints both side by side with the relative errors (goal: throughput within 10%, p99 within 15%).
+It prints both side by side with the relative errors (goal: throughput within 10%, p99 within 15%), and under
+each row what the engines did: mean rows per engine call, measured (the replicas' own metrics over the measured
+window) and simulated, with the measured padded length, queue wait and engine-call time per request and
+replica 0's share of the rows, to tell a wrong service time from a wrong batch or a wrong split.
 ``--repeats N`` runs each real row N times and ``--seeds K`` simulates it K times (seeds from ``--seed``): the
 table then gives medians, and each p99 with its range, since the p99 of a run of a few thousand requests
 varies between identical runs, real and simulated alike.
@@ -52,7 +55,7 @@ import subprocess
 import sys
 import time
 from collections.abc import Awaitable, Callable
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 from fleetserve.batching.config import BatcherConfig
@@ -67,6 +70,8 @@ from fleetserve.sim.simulator import simulate
 
 MODEL = "minilm"
 REPLICA_ARGS = ("--precision", "int8")
+ENGINE_KEYS = ("replica_mean_batch", "replica_mean_padded_len", "replica_compute_ms", "replica_queue_ms",
+               "replica0_row_share")
 WARMUP_S = 2.0
 
 
@@ -87,6 +92,19 @@ class Row:
     idle_cpu_p99_ms: float
     measured_p99_range: tuple[float, float]
     predicted_p99_range: tuple[float, float]
+    # The replicas' engines, measured (their /metrics, medians over the repeats) and simulated (median over the
+    # seeds): rows per engine call, and for the measured side padded length, queue and engine time per request.
+    measured_engine: dict[str, float] = field(default_factory=dict)
+    predicted_mean_batch: float = float("nan")
+
+    def engine_line(self) -> str:
+        m = self.measured_engine
+        if not m:
+            return f"   engine: predicted mean batch {self.predicted_mean_batch:.2f}"
+        return (f"   engine: mean batch measured {m['replica_mean_batch']:.2f}, predicted "
+                f"{self.predicted_mean_batch:.2f}; measured padded length {m['replica_mean_padded_len']:.1f}, "
+                f"queue {m['replica_queue_ms']:.1f} ms and engine call {m['replica_compute_ms']:.1f} ms per "
+                f"request, replica 0's share of rows {m['replica0_row_share']:.1%}")
 
     def error(self, measured: float, predicted: float) -> float:
         return (predicted - measured) / measured if measured else float("nan")
@@ -173,16 +191,24 @@ async def open_capacity(p50_ms_at: Callable[[float], Awaitable[float]], closed_r
     return low
 
 
+def engine_medians(events: list[dict[str, float]]) -> dict[str, float]:
+    """Each engine figure of :func:`fleetserve.bench.scenarios.batch_events` as the median over the runs that
+    have it."""
+    return {k: statistics.median(e[k] for e in events if k in e) for k in ENGINE_KEYS if any(k in e for e in events)}
+
+
 def predict(profile: Profile, replicas: int, rate: float, duration_s: float, background_cores: float,
-            throttle: bool, seeds: range) -> tuple[float, float, list[float]]:
-    """Median throughput and p50 over one simulated run per seed, and every run's p99: a run as long as the
-    real one, so the seeds show how much a p99 of that many requests varies in the model."""
+            throttle: bool, seeds: range) -> tuple[float, float, list[float], float]:
+    """Median throughput and p50 over one simulated run per seed, every run's p99 (a run as long as the
+    real one, so the seeds show how much a p99 of that many requests varies in the model), and the median
+    mean batch."""
     runs = [_simulate(profile, replicas, rate, duration_s, background_cores, throttle, seed) for seed in seeds]
-    return (statistics.median(r[0] for r in runs), statistics.median(r[1] for r in runs), [r[2] for r in runs])
+    return (statistics.median(r[0] for r in runs), statistics.median(r[1] for r in runs), [r[2] for r in runs],
+            statistics.median(r[3] for r in runs))
 
 
 def _simulate(profile: Profile, replicas: int, rate: float, duration_s: float, background_cores: float,
-              throttle: bool, seed: int) -> tuple[float, float, float]:
+              throttle: bool, seed: int) -> tuple[float, float, float, float]:
     config = SimConfig(
         groups=(ReplicaGroup(profile, replicas),), arrivals=ArrivalConfig("poisson", rate=rate),
         requests=max(1000, round(rate * (WARMUP_S + duration_s))), warmup_s=WARMUP_S,
@@ -191,7 +217,7 @@ def _simulate(profile: Profile, replicas: int, rate: float, duration_s: float, b
         faults=(Fault("throttle", indices=(0,), at_s=WARMUP_S),) if throttle else (), seed=seed,
     )
     result = simulate(config)
-    return result.throughput_rps, result.p("p50") * 1e3, result.p("p99") * 1e3
+    return result.throughput_rps, result.p("p50") * 1e3, result.p("p99") * 1e3, result.mean_batch
 
 
 async def capacities_of(args: argparse.Namespace, profile: Profile, scenario: Callable[..., ScenarioConfig],
@@ -252,14 +278,16 @@ async def validate(args: argparse.Namespace, given: Profile | None,
         for name, share, throttle in cases:
             rate = share * capacity
             print(f"-- {replicas} replicas, {name}: {rate:.0f} req/s, load average {loadavg()}", flush=True)
-            runs, others = [], []
+            results, others = [], []
             for _ in range(args.repeats):
                 meter = OthersMeter()
-                runs.append((await run_scenario(scenario(rate=rate, fault="throttle" if throttle else "none"))).report)
+                results.append(await run_scenario(scenario(rate=rate, fault="throttle" if throttle else "none")))
                 others.append(meter.cores())
+            runs = [r.report for r in results]
             background = rate * generator_cpu_per_request + statistics.mean(others)
             seeds = range(args.seed, args.seed + args.seeds)
-            rps, p50, p99s = predict(profile, replicas, rate, args.duration, background, throttle, seeds)
+            rps, p50, p99s, mean_batch = predict(profile, replicas, rate, args.duration, background, throttle,
+                                                 seeds)
             idle_only = replace(profile, replica_busy_cpu_s=None, gateway_busy_cpu_s=None)
             idle_p99 = statistics.median(predict(idle_only, replicas, rate, args.duration, background, throttle,
                                                  seeds)[2])
@@ -269,8 +297,10 @@ async def validate(args: argparse.Namespace, given: Profile | None,
                       statistics.median(r.percentile(50) for r in runs) * 1e3, p50 + lag,
                       statistics.median(measured_p99s), statistics.median(p99s) + lag,
                       sum(r.errors for r in runs), background, lag, idle_p99 + lag,
-                      (min(measured_p99s), max(measured_p99s)), (min(p99s) + lag, max(p99s) + lag))
+                      (min(measured_p99s), max(measured_p99s)), (min(p99s) + lag, max(p99s) + lag),
+                      engine_medians([r.events for r in results]), mean_batch)
             print(table([row]), flush=True)
+            print(row.engine_line(), flush=True)
             rows.append(row)
     return rows
 
