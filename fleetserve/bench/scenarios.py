@@ -25,6 +25,7 @@ from fleetserve.bench import faults
 from fleetserve.bench.cpu import replica_overhead, thread_cpu_seconds, tree_cpu_seconds
 from fleetserve.bench.loadgen import LoadConfig, run_load
 from fleetserve.bench.netns import NetworkNamespace
+from fleetserve.bench.replica_metrics import batch_events, engine_counters, fetch
 from fleetserve.bench.report import LoadReport
 from fleetserve.fleet.config import FleetConfig, gateway_config, replica_config
 from fleetserve.fleet.supervisor import Placement, Supervisor, http_ok
@@ -90,50 +91,6 @@ def gateway_state(gateway_url: str) -> Callable[[str], str]:
         return next((str(r.get("state")) for r in rows if r.get("url") == url), "")
 
     return state
-
-
-# Per replica, from its /metrics: the engine calls' histograms (rows, padded length) and the per-request stages.
-_COUNTERS = {"fleetserve_batch_size_sum": "rows", "fleetserve_batch_size_count": "batches",
-             "fleetserve_batch_sequence_length_sum": "padded"}
-_STAGES = {"compute": "compute_s", "queue": "queue_s"}
-_DURATION = "fleetserve_request_duration_seconds"
-
-
-def replica_counters(url: str) -> dict[str, float]:
-    """Rows and engine calls, their padded lengths, and the seconds requests spent in the batcher's queue and
-    in engine calls (with how many requests), as totals since the replica started."""
-    from prometheus_client.parser import text_string_to_metric_families
-
-    with urllib.request.urlopen(f"{url}/metrics", timeout=5) as resp:
-        text = resp.read().decode()
-    out: dict[str, float] = {}
-    for family in text_string_to_metric_families(text):
-        for sample in family.samples:
-            if sample.name in _COUNTERS:
-                out[_COUNTERS[sample.name]] = out.get(_COUNTERS[sample.name], 0.0) + sample.value
-            elif sample.name.startswith(_DURATION) and sample.labels.get("stage") in _STAGES:
-                key = _STAGES[sample.labels["stage"]]
-                if sample.name.endswith("_sum"):
-                    out[key] = out.get(key, 0.0) + sample.value
-                elif sample.name.endswith("_count") and key == "compute_s":
-                    out["requests"] = out.get("requests", 0.0) + sample.value
-    return out
-
-
-def batch_events(before: list[dict[str, float]], after: list[dict[str, float]]) -> dict[str, float]:
-    """What the replicas' engines did between two :func:`replica_counters` snapshots of each: mean rows and padded
-    length per engine call, mean seconds per request in the queue and in its engine call, replica 0's share of
-    the rows."""
-    delta = [{k: a.get(k, 0.0) - b.get(k, 0.0) for k in a} for b, a in zip(before, after, strict=True)]
-    total = {k: sum(d.get(k, 0.0) for d in delta) for k in ("rows", "batches", "padded", "compute_s", "queue_s",
-                                                              "requests")}
-    if total["batches"] <= 0 or total["requests"] <= 0:
-        return {}
-    return {"replica_mean_batch": total["rows"] / total["batches"],
-            "replica_mean_padded_len": total["padded"] / total["batches"],
-            "replica_compute_ms": total["compute_s"] / total["requests"] * 1e3,
-            "replica_queue_ms": total["queue_s"] / total["requests"] * 1e3,
-            "replica0_row_share": delta[0].get("rows", 0.0) / total["rows"] if total["rows"] else 0.0}
 
 
 async def _watch_state(state_of: Callable[[str], str], url: str, since: float, events: dict[str, float],
@@ -256,7 +213,7 @@ async def _run_scenario(cfg: ScenarioConfig, partition: NetworkNamespace | None)
             replica_threads = {m.process.pid: thread_cpu_seconds(m.process.pid)
                                for m in supervisor.replicas if m.process is not None}
             urls = [m.url for m in supervisor.replicas]
-            counters = await asyncio.to_thread(lambda: [replica_counters(u) for u in urls]) \
+            counters = await asyncio.to_thread(lambda: [engine_counters(fetch(u)) for u in urls]) \
                 if cfg.fault in ("none", "throttle") else None
             if cfg.fault in ("crash", "rolling", *PARTITIONS):
                 await asyncio.sleep(cfg.fault_at_s)
@@ -277,7 +234,7 @@ async def _run_scenario(cfg: ScenarioConfig, partition: NetworkNamespace | None)
                     events["replica_cpu_us_per_req"] = overhead / max(1, report.requests) * 1e6
             if counters is not None:  # the same processes throughout: their totals' differences are the run's
                 events.update(batch_events(counters, await asyncio.to_thread(
-                    lambda: [replica_counters(u) for u in urls])))
+                    lambda: [engine_counters(fetch(u)) for u in urls])))
             events["restarts"] = float(sum(m.restarts for m in supervisor.replicas))
             return ScenarioResult(cfg, report, events)
     finally:

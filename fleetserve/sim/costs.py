@@ -37,13 +37,13 @@ import contextlib
 import sys
 import tempfile
 import time
-import urllib.request
 from collections.abc import AsyncIterator
 from dataclasses import dataclass
 
 from fleetserve.batching.config import BatcherConfig
 from fleetserve.bench.cpu import replica_overhead, thread_cpu_seconds, tree_cpu_seconds
 from fleetserve.bench.loadgen import LoadConfig, run_load
+from fleetserve.bench.replica_metrics import fetch, stage_mean, stage_sums
 from fleetserve.deploy.local import free_port
 from fleetserve.errors import FleetserveError
 from fleetserve.fleet.supervisor import http_ok
@@ -94,31 +94,6 @@ class LowLoad:
         return self.latency_s - self.queue_s - self.compute_s
 
 
-def stage_sums(metrics_text: str) -> dict[str, tuple[float, float]]:
-    """(sum, count) of ``fleetserve_request_duration_seconds`` per stage in a replica's /metrics text."""
-    from prometheus_client.parser import text_string_to_metric_families
-
-    out: dict[str, tuple[float, float]] = {}
-    for family in text_string_to_metric_families(metrics_text):
-        if family.name != "fleetserve_request_duration_seconds":
-            continue
-        for sample in family.samples:
-            stage = sample.labels.get("stage", "")
-            total, count = out.get(stage, (0.0, 0.0))
-            if sample.name.endswith("_sum"):
-                out[stage] = (total + sample.value, count)
-            elif sample.name.endswith("_count"):
-                out[stage] = (total, count + sample.value)
-    return out
-
-
-def stage_mean(before: dict[str, tuple[float, float]], after: dict[str, tuple[float, float]], stage: str) -> float:
-    (s0, c0), (s1, c1) = before.get(stage, (0.0, 0.0)), after.get(stage, (0.0, 0.0))
-    if c1 <= c0:
-        raise FleetserveError(f"the replica recorded no '{stage}' time while measuring wall times")
-    return (s1 - s0) / (c1 - c0)
-
-
 @contextlib.asynccontextmanager
 async def _process(argv: list[str], ready_url: str, timeout_s: float) -> AsyncIterator[tuple[int, float]]:
     """Start ``argv``; yield (pid, seconds until ``ready_url`` answered 200); stop it (SIGTERM, then kill).
@@ -158,8 +133,7 @@ async def _closed_loop(url: str, model: str, duration_s: float, concurrency: int
 
 
 def _metrics(replica_url: str) -> dict[str, tuple[float, float]]:
-    with urllib.request.urlopen(f"{replica_url}/metrics", timeout=10) as response:
-        return stage_sums(response.read().decode())
+    return stage_sums(fetch(replica_url))
 
 
 async def _low_load(url: str, replica_url: str, model: str, config: CostConfig) -> LowLoad:

@@ -5,13 +5,13 @@ with fixed ORCA reports: it pins down the header Envoy reads and the weights it 
 
 from __future__ import annotations
 
+import contextlib
 import json
-import threading
 import time
 import urllib.error
 import urllib.request
 from collections.abc import Iterator
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from http.server import BaseHTTPRequestHandler
 from pathlib import Path
 
 import jwt
@@ -24,6 +24,7 @@ from fleetserve.gateway.edge.config import EdgeConfig, RateLimitRule
 from fleetserve.gateway.edge.jwtconfig import JwtConfig, KeySpec
 from fleetserve.wire import encode_load_report
 from tests.deploy.test_local import infer, served
+from tests.support.httpthread import serving
 from tests.support.procs import Proc, replica
 from tests.support.waiting import until_sync
 
@@ -157,20 +158,14 @@ class _Reporting(BaseHTTPRequestHandler):
 
 @pytest.fixture
 def reporting() -> Iterator[list[tuple[str, type[_Reporting]]]]:
-    servers = []
-    for utilization in (0.9, 0.1):
-        handler = type("Reporting", (_Reporting,), {
-            "served": 0, "report": encode_load_report(queue_depth=round(utilization * 10), inflight=1,
-                                                      utilization=utilization, rps=100.0)})
-        server = ThreadingHTTPServer(("127.0.0.1", 0), handler)
-        threading.Thread(target=server.serve_forever, daemon=True).start()
-        servers.append((server, handler))
-    try:
-        yield [(f"http://127.0.0.1:{s.server_address[1]}", h) for s, h in servers]
-    finally:
-        for server, _ in servers:
-            server.shutdown()
-            server.server_close()
+    with contextlib.ExitStack() as stack:
+        upstreams = []
+        for utilization in (0.9, 0.1):
+            handler = type("Reporting", (_Reporting,), {
+                "served": 0, "report": encode_load_report(queue_depth=round(utilization * 10), inflight=1,
+                                                          utilization=utilization, rps=100.0)})
+            upstreams.append((stack.enter_context(serving(handler)), handler))
+        yield upstreams
 
 
 def test_client_side_wrr_weights_follow_the_orca_reports(reporting: list[tuple[str, type[_Reporting]]],

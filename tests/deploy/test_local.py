@@ -6,7 +6,6 @@ import json
 import re
 import signal
 import socket
-import threading
 import urllib.error
 import urllib.request
 from collections.abc import Iterator
@@ -16,6 +15,7 @@ from pathlib import Path
 import pytest
 
 from fleetserve.deploy.local import HaproxyProcess, NginxProcess, ProxyProcess
+from tests.support.httpthread import serving
 from tests.support.procs import Proc, replica
 from tests.support.waiting import until_sync
 
@@ -85,14 +85,8 @@ class _QuietServer(ThreadingHTTPServer):
 @pytest.fixture
 def overloaded() -> Iterator[tuple[str, type[_Overloaded]]]:
     handler = type("Overloaded", (_Overloaded,), {"posts": 0})
-    server = _QuietServer(("127.0.0.1", 0), handler)
-    thread = threading.Thread(target=server.serve_forever, daemon=True)
-    thread.start()
-    try:
-        yield f"http://127.0.0.1:{server.server_address[1]}", handler
-    finally:
-        server.shutdown()
-        server.server_close()
+    with serving(handler, _QuietServer) as url:
+        yield url, handler
 
 
 PROXIES = [pytest.param(NginxProcess, id="nginx"), pytest.param(HaproxyProcess, id="haproxy")]

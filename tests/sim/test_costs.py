@@ -9,9 +9,10 @@ import sys
 import pytest
 
 from fleetserve.bench.cpu import replica_overhead, thread_cpu_seconds
+from fleetserve.bench.replica_metrics import stage_mean, stage_sums
 from fleetserve.deploy.local import free_port
 from fleetserve.errors import FleetserveError
-from fleetserve.sim.costs import LowLoad, _process, stage_mean, stage_sums
+from fleetserve.sim.costs import LowLoad, _process
 
 
 def test_the_engine_thread_is_the_busiest_one_besides_the_main_thread() -> None:

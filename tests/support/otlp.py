@@ -18,6 +18,8 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Any
 
+from tests.support.httpthread import serving
+
 
 @dataclass(frozen=True)
 class ReceivedSpan:
@@ -95,11 +97,5 @@ def otlp_receiver() -> Iterator[tuple[OtlpReceiver, str]]:
         def log_message(self, format: str, *args: Any) -> None:
             pass
 
-    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler)
-    thread = threading.Thread(target=server.serve_forever, daemon=True)
-    thread.start()
-    try:
-        yield receiver, f"http://127.0.0.1:{server.server_address[1]}"
-    finally:
-        server.shutdown()
-        server.server_close()
+    with serving(Handler) as url:
+        yield receiver, url

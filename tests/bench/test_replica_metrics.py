@@ -1,15 +1,15 @@
-"""The scenario harness's reading of a replica's engine counters: real exposition text, served over HTTP."""
+"""A replica's engine counters as the scenario harness reads them: real exposition text, served over HTTP."""
 
 from __future__ import annotations
 
-import threading
 from collections.abc import Iterator
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from http.server import BaseHTTPRequestHandler
 
 import pytest
 
-from fleetserve.bench.scenarios import batch_events, replica_counters
+from fleetserve.bench.replica_metrics import batch_events, engine_counters, fetch
 from fleetserve.telemetry.metrics import ReplicaMetrics
+from tests.support.httpthread import serving
 
 
 @pytest.fixture
@@ -27,21 +27,15 @@ def served() -> Iterator[tuple[str, ReplicaMetrics]]:
         def log_message(self, *args: object) -> None:
             pass
 
-    server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
-    thread = threading.Thread(target=server.serve_forever, daemon=True)
-    thread.start()
-    try:
-        yield f"http://127.0.0.1:{server.server_address[1]}", metrics
-    finally:
-        server.shutdown()
-        server.server_close()
+    with serving(Handler) as url:
+        yield url, metrics
 
 
 def test_counters_are_read_from_the_replicas_metrics(served: tuple[str, ReplicaMetrics]) -> None:
     url, metrics = served
     metrics.on_batch(3, 32, [0.001, 0.002, 0.003], 0.010)
     metrics.on_batch(1, 256, [0.004], 0.050)
-    got = replica_counters(url)
+    got = engine_counters(fetch(url))
     assert got["rows"] == 4 and got["batches"] == 2 and got["padded"] == 288 and got["requests"] == 4
     assert got["queue_s"] == pytest.approx(0.010) and got["compute_s"] == pytest.approx(0.080)
 
