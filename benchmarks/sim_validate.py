@@ -60,6 +60,7 @@ from pathlib import Path
 
 from fleetserve.batching.config import BatcherConfig
 from fleetserve.bench.cpu import tree_cpu_seconds
+from fleetserve.bench.replica_metrics import BATCH_EVENTS
 from fleetserve.bench.scenarios import ScenarioConfig, run_scenario
 from fleetserve.sim.arrivals import ArrivalConfig
 from fleetserve.sim.config import ReplicaGroup, SimConfig
@@ -70,8 +71,6 @@ from fleetserve.sim.simulator import simulate
 
 MODEL = "minilm"
 REPLICA_ARGS = ("--precision", "int8")
-ENGINE_KEYS = ("replica_mean_batch", "replica_mean_padded_len", "replica_compute_ms", "replica_queue_ms",
-               "replica0_row_share")
 WARMUP_S = 2.0
 
 
@@ -192,9 +191,9 @@ async def open_capacity(p50_ms_at: Callable[[float], Awaitable[float]], closed_r
 
 
 def engine_medians(events: list[dict[str, float]]) -> dict[str, float]:
-    """Each engine figure of :func:`fleetserve.bench.scenarios.batch_events` as the median over the runs that
-    have it."""
-    return {k: statistics.median(e[k] for e in events if k in e) for k in ENGINE_KEYS if any(k in e for e in events)}
+    """Each engine figure of :func:`fleetserve.bench.replica_metrics.batch_events` as the median over the runs
+    that have it."""
+    return {k: statistics.median(e[k] for e in events if k in e) for k in BATCH_EVENTS if any(k in e for e in events)}
 
 
 def predict(profile: Profile, replicas: int, rate: float, duration_s: float, background_cores: float,

@@ -15,6 +15,9 @@ from prometheus_client.parser import text_string_to_metric_families
 from fleetserve.errors import FleetserveError
 
 STAGE_HISTOGRAM = "fleetserve_request_duration_seconds"
+# The figures :func:`batch_events` gives, in the order a report shows them.
+BATCH_EVENTS = ("replica_mean_batch", "replica_mean_padded_len", "replica_compute_ms", "replica_queue_ms",
+                "replica0_row_share")
 
 
 def fetch(url: str, timeout_s: float = 10.0) -> str:
@@ -70,8 +73,7 @@ def batch_events(before: list[dict[str, float]], after: list[dict[str, float]]) 
                                                               "requests")}
     if total["batches"] <= 0 or total["requests"] <= 0:
         return {}
-    return {"replica_mean_batch": total["rows"] / total["batches"],
-            "replica_mean_padded_len": total["padded"] / total["batches"],
-            "replica_compute_ms": total["compute_s"] / total["requests"] * 1e3,
-            "replica_queue_ms": total["queue_s"] / total["requests"] * 1e3,
-            "replica0_row_share": delta[0].get("rows", 0.0) / total["rows"] if total["rows"] else 0.0}
+    figures = (total["rows"] / total["batches"], total["padded"] / total["batches"],
+               total["compute_s"] / total["requests"] * 1e3, total["queue_s"] / total["requests"] * 1e3,
+               delta[0].get("rows", 0.0) / total["rows"] if total["rows"] else 0.0)
+    return dict(zip(BATCH_EVENTS, figures, strict=True))
