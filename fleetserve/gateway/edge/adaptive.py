@@ -29,13 +29,20 @@ architecture docs), with changes taken from Netflix's concurrency-limits (Netfli
   latencies is noise, and noise alone would walk the limit down at low rates), their latencies give
   **sampleRTT** (their ``sample_percentile``), and the limit becomes
   ``limit * gradient + sqrt(limit * gradient)`` with
-  ``gradient = clamp(minRTT * (1 + rtt_buffer_percent / 100) / sampleRTT, 0.5, 2)``, kept within
+  ``gradient = clamp(max(minRTT * (1 + rtt_buffer_percent / 100), latency_floor) / sampleRTT, 0.5, 2)``, kept within
   ``[min_concurrency, max_concurrency]``: it halves at most per update while latency rises, grows by a
   quarter plus the square-root headroom while latency stays at minRTT, and settles where the headroom
   balances the gradient, a limit of ``g / (1 - g)^2`` for a steady gradient ``g`` below 1. The default
   buffer, 100%, is what a batching replica needs: a request that arrives while a batch runs waits for it and
   then for its own, up to twice the no-load latency, without any queue beyond the next batch (Envoy's 25%
   takes that wait for queueing and keeps fewer in flight than such a replica needs to fill its batches).
+- **A latency floor** (``latency_floor_ms``, 50 ms by default; not in Envoy or Netflix's limits): a median
+  latency at or below it never shrinks the limit, the way CoDel (Nichols and Jacobson, "Controlling Queue
+  Delay", ACM Queue 2012; RFC 8289) drops nothing while the queue delay stays under its absolute target. A
+  batching GPU replica answers faster alone than with company, yet serves more per second with fuller
+  batches: a limit that follows its no-load latency alone held 256 clients near twice that latency and cost
+  a quarter of the throughput (BENCHMARKS.md §4.4). Under a real overload latency leaves any floor behind
+  within an update, and the gradient applies in full.
 - **Demand, not the fleet, keeps in-flight low** when the highest in-flight count of the last
   ``APP_LIMITED_UPDATES`` updates stayed below half the limit (Gradient2Limit's "app-limited" rule, over a
   window so a quiet second between two bursts does not count as no demand). The limit then does not grow
@@ -212,7 +219,8 @@ class GradientController:
         sample = percentile(self._samples, self._config.sample_percentile)
         self._samples.clear()
         self._sample_rtt = sample
-        buffered = self._follow_min_rtt(sample) * (1 + self._config.rtt_buffer_percent / 100)
+        buffered = max(self._follow_min_rtt(sample) * (1 + self._config.rtt_buffer_percent / 100),
+                       self._config.latency_floor_s)
         gradient = min(2.0, max(0.5, buffered / sample)) if sample > 0 else 2.0
         limit = self._limit * gradient
         new = min(self._config.max_concurrency, max(self._config.min_concurrency, int(limit + math.sqrt(limit))))

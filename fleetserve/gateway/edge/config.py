@@ -135,8 +135,9 @@ class AdaptiveConcurrencyConfig:
     Beyond the limit a request is answered 503 + ``Retry-After`` at once. Defaults are Envoy's
     ``adaptive_concurrency`` defaults, except the start (Envoy starts at ``min_concurrency``; here at
     ``initial_concurrency``, as Netflix's Gradient2Limit), the RTT buffer (100%, for batching replicas), the
-    update interval (Envoy requires one) and ``min_rtt_interval_s`` (Envoy requires one; here forced windows are
-    off by default, see :mod:`.adaptive`). ``initial_concurrency`` is used within ``[min, max]_concurrency``.
+    update interval (Envoy requires one), ``min_rtt_interval_s`` (Envoy requires one; here forced windows are
+    off by default, see :mod:`.adaptive`) and the latency floor (Envoy has none). ``initial_concurrency`` is used
+    within ``[min, max]_concurrency``.
     """
 
     enabled: bool = option(False, "limit requests in flight to what the replicas answer without queueing, "
@@ -153,6 +154,10 @@ class AdaptiveConcurrencyConfig:
     rtt_buffer_percent: float = option(100.0, "latency above the no-load latency tolerated before the limit "
                                        "shrinks (a request behind a running batch waits up to twice it)",
                                        flag="--adaptive-rtt-buffer-percent")
+    latency_floor_ms: float = option(50.0, "median latency at or below this never shrinks the limit, whatever the "
+                                     "no-load latency: a batching replica whose fuller batches cost latency but "
+                                     "gain throughput is not refused while it answers within it (0: the RTT "
+                                     "buffer alone)", flag="--adaptive-latency-floor-ms")
     min_rtt_samples: int = 50
     min_update_samples: int = 20
     sample_percentile: float = 50.0
@@ -171,6 +176,8 @@ class AdaptiveConcurrencyConfig:
             raise ValueError(f"adaptive min_rtt_interval_s must be >= 0, got {self.min_rtt_interval_s}")
         if not (math.isfinite(self.rtt_buffer_percent) and self.rtt_buffer_percent >= 0):
             raise ValueError(f"adaptive rtt_buffer_percent must be >= 0, got {self.rtt_buffer_percent}")
+        if not (math.isfinite(self.latency_floor_ms) and self.latency_floor_ms >= 0):
+            raise ValueError(f"adaptive latency_floor_ms must be >= 0, got {self.latency_floor_ms}")
         _positive_int("adaptive min_rtt_samples", self.min_rtt_samples)
         _positive_int("adaptive min_update_samples", self.min_update_samples)
         if not 0 < self.sample_percentile <= 100:
@@ -182,6 +189,10 @@ class AdaptiveConcurrencyConfig:
     @property
     def update_interval_s(self) -> float:
         return self.update_interval_ms / 1000
+
+    @property
+    def latency_floor_s(self) -> float:
+        return self.latency_floor_ms / 1000
 
 
 @dataclass(frozen=True)

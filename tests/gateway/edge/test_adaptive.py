@@ -25,9 +25,10 @@ class FakeClock:
 
 def controller(clock: FakeClock, seed: int = 1, **overrides: object) -> GradientController:
     """Step-by-step tests update on a single sample, start with Envoy's minRTT window (forced windows on) and
-    keep Envoy's 25% RTT buffer; the fleet simulations below use the defaults."""
+    keep Envoy's 25% RTT buffer and no latency floor (Envoy has none); the fleet simulations below use the
+    defaults."""
     settings: dict[str, object] = {"enabled": True, "min_rtt_interval_s": 60.0, "min_update_samples": 1,
-                                   "rtt_buffer_percent": 25.0, **overrides}
+                                   "rtt_buffer_percent": 25.0, "latency_floor_ms": 0.0, **overrides}
     return GradientController(AdaptiveConcurrencyConfig(**settings), clock, random.Random(seed))  # type: ignore[arg-type]
 
 
@@ -164,6 +165,20 @@ def test_limit_halves_at_most_when_latency_rises() -> None:
     c.try_acquire()
     assert c.limit == int(50 + 50**0.5)
     assert c.sample_rtt == pytest.approx(0.100)
+
+
+def test_latency_within_the_floor_never_shrinks_the_limit() -> None:
+    clock = FakeClock()
+    floored = controller(clock, latency_floor_ms=50.0)
+    bare = controller(clock)
+    for c in (floored, bare):
+        finish_min_rtt_window(c, clock, 0.010)
+        c._limit = 100
+        run_interval(c, clock, 0.040, busy=100)  # 4x minRTT, far past the 25% buffer, but within 50 ms
+    assert floored.limit > 100  # gradient 50 / 40: grows
+    assert bare.limit < 100  # gradient 12.5 / 40: shrinks
+    run_interval(floored, clock, 0.200, busy=floored.limit)  # past the floor: the gradient applies in full
+    assert floored.limit < 100
 
 
 def test_failures_return_their_slot_without_a_latency_sample() -> None:
@@ -348,6 +363,25 @@ def test_under_overload_the_limit_settles_near_the_knee_and_admitted_latency_sta
     assert percentile(fleet.latencies_between(5, 10), 99) <= 3 * 0.020
     # Goodput: what the controller admits is close to what the fleet can do.
     assert len(fleet.latencies_between(5, 10)) / 5 >= 0.8 * 500
+
+
+def batching(base: float, per_request: float) -> Callable[[int], float]:
+    """A batching replica: each request in flight adds ``per_request`` to everyone's latency, yet throughput
+    (in-flight / latency) keeps growing with in-flight, as fuller batches use the GPU better."""
+    return lambda inflight: base + per_request * inflight
+
+
+@pytest.mark.parametrize(("floor_ms", "refuses"), [(50.0, False), (0.0, True)])
+def test_a_batching_fleet_within_the_floor_is_not_refused(floor_ms: float, refuses: bool) -> None:
+    clock = FakeClock()
+    c = controller(clock, min_rtt_interval_s=0.0, min_update_samples=20, latency_floor_ms=floor_ms,
+                   rtt_buffer_percent=100.0)
+    fleet = Fleet(c, clock, batching(0.005, 0.0001))
+    fleet.run(rate=200, seconds=2)  # minRTT about 5 ms
+    fleet.run(rate=8000, seconds=3)  # settles near 200 in flight at 25 ms: 5x minRTT, half the floor
+    assert (fleet.refused_between(3, 5) > 0) is refuses
+    if not refuses:
+        assert percentile(fleet.latencies_between(3, 5), 99) <= 0.050
 
 
 def test_the_limit_grows_back_when_load_falls_and_nothing_is_refused() -> None:
