@@ -9,11 +9,16 @@ time: ``fleetserve_gateway_concurrency_limit``, ``fleetserve_gateway_concurrency
 ``concurrency_limited``. The gRPC listener's guards (:mod:`.grpc`) take their slots from the same controller
 through :meth:`AdaptiveConcurrencyMiddleware.acquire` and :meth:`~AdaptiveConcurrencyMiddleware.release`, so
 one limit covers the gateway's requests whichever listener they came through.
+
+While ``unlimited()`` says so — requests are waiting for a first replica, at a fleet scaled to zero — requests
+are admitted without a slot: the hold queue bounds them (:mod:`fleetserve.gateway.autoscale.hold`), and a
+start-up is not an overload, so a burst larger than the limit waits whole for the replica, as in Knative's
+activator, and their latency (the start-up's) is no sample.
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 
 from aiohttp import web
 from aiohttp.typedefs import Handler
@@ -32,14 +37,18 @@ class AdaptiveConcurrencyMiddleware:
     __middleware_version__ = 1
 
     def __init__(self, controller: GradientController, retry_after_s: float, exempt_paths: Sequence[str] = (),
-                 observer: RejectionObserver | None = None) -> None:
+                 observer: RejectionObserver | None = None, unlimited: Callable[[], bool] | None = None) -> None:
         self.controller = controller
+        self.unlimited = unlimited
         self.exempt = frozenset(exempt_paths)
         self._observer = observer or NullObserver()
         self._retry_after = {RETRY_AFTER: retry_after(retry_after_s)}
 
-    def acquire(self) -> Token | Rejection:
-        """A slot for one request, or the 503 that refuses it (counted as ``concurrency_limited``)."""
+    def acquire(self) -> Token | Rejection | None:
+        """A slot for one request, the 503 that refuses it (counted as ``concurrency_limited``), or None: admitted
+        without a slot while ``unlimited()``."""
+        if self.unlimited is not None and self.unlimited():
+            return None
         controller = self.controller
         token = controller.try_acquire()
         if token is None:
@@ -59,6 +68,8 @@ class AdaptiveConcurrencyMiddleware:
         token = self.acquire()
         if isinstance(token, Rejection):
             return token.response()
+        if token is None:
+            return await handler(request)
         ok = False
         try:
             response = await handler(request)

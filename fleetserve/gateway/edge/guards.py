@@ -64,14 +64,15 @@ class EdgeGuards:
     retry_after: str
 
     @classmethod
-    def create(cls, edge: EdgeConfig, registry: CollectorRegistry,
-               clock: Callable[[], float] = time.monotonic) -> EdgeGuards:
-        """Build the guards and register their metrics in ``registry`` (once per registry).
+    def create(cls, edge: EdgeConfig, registry: CollectorRegistry, clock: Callable[[], float] = time.monotonic,
+               unlimited: Callable[[], bool] | None = None) -> EdgeGuards:
+        """Build the guards and register their metrics in ``registry`` (once per registry); ``unlimited`` as
+        :func:`~fleetserve.gateway.edge.stack.build_middlewares` takes it.
 
         Loads the configured key files: an unusable one is a ValueError naming it.
         """
         observer = PrometheusRejections.create(registry)
-        middlewares = build_middlewares(edge, observer, clock=clock)
+        middlewares = build_middlewares(edge, observer, clock=clock, unlimited=unlimited)
         for middleware in middlewares:
             if isinstance(middleware, RateLimitMiddleware):
                 registry.register(RateLimitEntries(middleware.limiter))

@@ -49,6 +49,7 @@ class BuildContext:
     clock: Callable[[], float] = time.monotonic
     wall_clock: Callable[[], float] = time.time
     jwks_fetch: JwksFetcher | None = None
+    unlimited: Callable[[], bool] | None = None  # the adaptive limit admits everything while this says so
 
 
 def _head_limits(ctx: BuildContext) -> Middleware | None:
@@ -98,7 +99,8 @@ def _adaptive_concurrency(ctx: BuildContext) -> Middleware | None:
     if not c.adaptive.enabled:
         return None
     controller = GradientController(c.adaptive, ctx.clock)
-    return AdaptiveConcurrencyMiddleware(controller, c.adaptive.retry_after_s, c.exempt_paths, ctx.observer)
+    return AdaptiveConcurrencyMiddleware(controller, c.adaptive.retry_after_s, c.exempt_paths, ctx.observer,
+                                         ctx.unlimited)
 
 
 LAYERS: tuple[tuple[str, Callable[[BuildContext], Middleware | None]], ...] = (
@@ -119,13 +121,15 @@ def build_middlewares(
     *,
     wall_clock: Callable[[], float] = time.time,
     jwks_fetch: JwksFetcher | None = None,
+    unlimited: Callable[[], bool] | None = None,
 ) -> list[Middleware]:
     """The configured guards, outermost first, for ``web.Application(middlewares=...)``.
 
     ``clock`` (monotonic) drives rate limits and JWKS refresh timing, ``wall_clock`` (epoch seconds)
-    token expiry. ``jwks_fetch`` replaces the HTTP fetch of JWK Sets (tests).
+    token expiry. ``jwks_fetch`` replaces the HTTP fetch of JWK Sets (tests). ``unlimited``: while it says
+    so, the adaptive concurrency limit admits every request (the gateway's requests wait for a first replica).
     """
-    ctx = BuildContext(config, metrics or NullObserver(), clock, wall_clock, jwks_fetch)
+    ctx = BuildContext(config, metrics or NullObserver(), clock, wall_clock, jwks_fetch, unlimited)
     middlewares = []
     for _name, build in LAYERS:
         middleware = build(ctx)

@@ -13,6 +13,9 @@ import grpc.aio
 import pytest
 
 from fleetserve.autoscale.config import AutoscaleConfig
+from fleetserve.gateway.edge import EdgeConfig
+from fleetserve.gateway.edge.adaptive_guard import AdaptiveConcurrencyMiddleware
+from fleetserve.gateway.edge.config import AdaptiveConcurrencyConfig
 from fleetserve.gateway.server import GatewayHandle
 from tests.support.fake_replica import FakeReplica
 from tests.support.gateways import StartGateway
@@ -103,6 +106,22 @@ async def test_a_request_at_zero_replicas_waits_for_the_first_one(
             assert res.status == 200 and (await res.json())["replica"] == a.name
     assert gw.autoscaler.held == 0
     assert gw.metrics.registry.get_sample_value("fleetserve_autoscale_holds_total", {"outcome": "released"}) == 3
+
+
+async def test_a_burst_at_zero_replicas_larger_than_the_concurrency_limit_waits_whole(
+        replicas: StartReplicas, gateway: StartGateway, client: aiohttp.ClientSession) -> None:
+    (a,) = await replicas(1)
+    gw = await autoscaled(gateway, edge=EdgeConfig(adaptive=AdaptiveConcurrencyConfig(enabled=True)))
+    limiter = next(m for m in gw.guards.middlewares if isinstance(m, AdaptiveConcurrencyMiddleware))
+    assert limiter.controller.limit == 32  # its initial limit
+    waiting = [asyncio.create_task(client.post(gw.url + INFER, data=str(i).encode())) for i in range(80)]
+    await until(lambda: gw.autoscaler is not None and gw.autoscaler.held == 80, what="all 80 requests held")
+    await put(client, gw, {"ready": [a.url], "startup_s": 0.3})
+    for task in waiting:
+        async with await task as res:
+            assert res.status == 200
+    assert gw.metrics.registry.get_sample_value("fleetserve_gateway_rejected_total",
+                                                {"reason": "concurrency_limited"}) == 0
 
 
 async def test_over_the_bound_or_past_the_deadline_a_held_request_gets_503_and_retry_after(
