@@ -137,10 +137,11 @@ class AdaptiveConcurrencyConfig:
     ``initial_concurrency``, as Netflix's Gradient2Limit), the RTT buffer (100%, for batching replicas), the
     update interval (Envoy requires one), ``min_rtt_interval_s`` (Envoy requires one; here forced windows are
     off by default, see :mod:`.adaptive`) and the latency floor (Envoy has none). ``initial_concurrency`` is used
-    within ``[min, max]_concurrency``.
+    within ``[min, max]_concurrency``. On by default (BENCHMARKS.md §4.4): with the floor it refuses nothing in
+    front of a batching GPU replica that answers within it, and it keeps an overload's excess out of the queues.
     """
 
-    enabled: bool = option(False, "limit requests in flight to what the replicas answer without queueing, "
+    enabled: bool = option(True, "limit requests in flight to what the replicas answer without queueing, "
                            "measured from latency; 503 + Retry-After beyond", flag="--adaptive-concurrency")
     min_concurrency: int = option(3, "the limit's floor; requests admitted with fewer in flight measure the "
                                   "no-load latency", flag="--adaptive-min-concurrency")

@@ -23,10 +23,11 @@ StartReplicas = Callable[[int], Awaitable[list[FakeReplica]]]
 INFER = "/v2/models/m/infer"
 
 
-def test_defaults_are_the_input_limits_only() -> None:
+def test_defaults_are_the_input_limits_and_the_adaptive_limit() -> None:
     registry = CollectorRegistry()
     guards = EdgeGuards.create(EdgeConfig(), registry)
-    assert [type(m).__name__ for m in guards.middlewares] == ["HeadLimits", "BodyLimits"]
+    assert [type(m).__name__ for m in guards.middlewares] == ["HeadLimits", "AdaptiveConcurrencyMiddleware",
+                                                              "BodyLimits"]
     assert registry.get_sample_value("fleetserve_gateway_rejected_total", {"reason": "overloaded"}) == 0.0
     assert registry.get_sample_value(RATELIMIT_ENTRIES, {"prefix": "/", "key": "ip"}) is None
 

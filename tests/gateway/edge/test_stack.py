@@ -39,11 +39,11 @@ def _full(tmp_path: Path, keys: dict[str, SigningKey]) -> EdgeConfig:
     )
 
 
-def test_only_input_limits_are_on_by_default() -> None:
+def test_input_limits_and_the_adaptive_limit_are_on_by_default() -> None:
     middlewares = build_middlewares(EdgeConfig())
-    assert [type(m) for m in middlewares] == [HeadLimits, BodyLimits]
-    limited = build_middlewares(EdgeConfig(adaptive=AdaptiveConcurrencyConfig(enabled=True)))
-    assert [type(m) for m in limited] == [HeadLimits, AdaptiveConcurrencyMiddleware, BodyLimits]
+    assert [type(m) for m in middlewares] == [HeadLimits, AdaptiveConcurrencyMiddleware, BodyLimits]
+    unlimited = build_middlewares(EdgeConfig(adaptive=AdaptiveConcurrencyConfig(enabled=False)))
+    assert [type(m) for m in unlimited] == [HeadLimits, BodyLimits]
     assert [name for name, _ in LAYERS] == [
         "head_limits", "identity", "shedding", "auth", "rate_limit", "adaptive_concurrency", "body_limits",
     ]  # fmt: skip
