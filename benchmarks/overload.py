@@ -24,7 +24,7 @@ HTTP/1.1 client on httptools, like ``fleetserve bench``'s, that also notes ``Ret
 its CPU time and its concurrency limit are sampled every 250 ms (/proc, /metrics).
 
     .venv/bin/python benchmarks/overload.py [--settings off,on] [--burst-s 20] [--batch-latency-ms 20]
-                                            [--max-batch 8] [--scale 1.0]
+                                            [--max-batch 8] [--scale 1.0] [--gateway-core N]
 """
 
 from __future__ import annotations
@@ -85,9 +85,11 @@ def free_port() -> int:
         return int(s.getsockname()[1])
 
 
-def spawn(*args: str, tree: str | None = None) -> subprocess.Popen[bytes]:
+def spawn(*args: str, tree: str | None = None, core: int | None = None) -> subprocess.Popen[bytes]:
+    """``fleetserve ARGS`` (from source tree ``tree``), on core ``core`` alone if given."""
     env = None if tree is None else {**os.environ, "PYTHONPATH": tree}
-    return subprocess.Popen([sys.executable, "-m", "fleetserve.cli", *args], stdout=subprocess.DEVNULL,
+    pin = [] if core is None else ["taskset", "-c", str(core)]
+    return subprocess.Popen([*pin, sys.executable, "-m", "fleetserve.cli", *args], stdout=subprocess.DEVNULL,
                             stderr=subprocess.DEVNULL, cwd=tree, env=env)
 
 
@@ -439,7 +441,7 @@ def fleet(args: argparse.Namespace, setting: str) -> Iterator[tuple[str, int, in
     replica, replica_url = start_replica(args)
     port = free_port()
     gateway = spawn("gateway", "--host", "127.0.0.1", "--port", str(port), "--backend", replica_url,
-                    *gateway_flags(setting), tree=source_tree(setting))
+                    *gateway_flags(setting), tree=source_tree(setting), core=args.gateway_core)
     try:
         wait_ok(f"http://127.0.0.1:{port}/readyz", gateway)
         yield replica_url, port, gateway.pid
@@ -489,12 +491,21 @@ def main() -> None:
     ap.add_argument("--scale", type=float, default=1.0, help="multiply the other phases' lengths (short dev runs)")
     ap.add_argument("--capacity", type=float, help="skip measuring it (requests/s)")
     ap.add_argument("--max-connections", type=int, default=10_000)
+    ap.add_argument("--gateway-core", type=int, help="run the gateway on this core alone, and this client and "
+                    "the replica on the others (the gateway's refusals then wait for no other process)")
     ap.add_argument("--out", type=Path, default=Path("out/overload.json"))
     args = ap.parse_args()
+    if args.gateway_core is not None:
+        others = os.sched_getaffinity(0) - {args.gateway_core}
+        if args.gateway_core not in os.sched_getaffinity(0) or not others:
+            ap.error(f"--gateway-core {args.gateway_core}: needs one of this machine's cores "
+                     f"{sorted(os.sched_getaffinity(0))} and at least one more")
+        os.sched_setaffinity(0, others)  # this client, and the replica it starts, keep off the gateway's core
     s = args.scale
     phases = [Phase("unloaded", 0.2, 8 * s), Phase("p60", 0.6, 20 * s), Phase("burst", 3.0, args.burst_s),
               Phase("after", 0.5, 15 * s)]
-    print(f"# overload — {os.cpu_count()} cores, load average {os.getloadavg()[0]:.2f}, "
+    pinned = "" if args.gateway_core is None else f", gateway alone on core {args.gateway_core}"
+    print(f"# overload — {os.cpu_count()} cores{pinned}, load average {os.getloadavg()[0]:.2f}, "
           f"{time.strftime('%Y-%m-%d %H:%M')}", flush=True)
     capacity = args.capacity
     if capacity is None:
