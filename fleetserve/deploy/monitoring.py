@@ -159,7 +159,7 @@ def panels(window: str = "5m") -> tuple[Panel, ...]:
            "skipped: {{reason}}"))),
         ("Gateway edge rejections by reason", "reqps",
          (("sum by (reason) (rate(fleetserve_gateway_rejected_total[$__rate_interval]))", "{{reason}}"),)),
-        ("Gateway adaptive concurrency: limit and requests holding a slot (--adaptive-concurrency)", "short",
+        ("Gateway adaptive concurrency: limit and requests holding a slot (on by default)", "short",
          (("sum by (instance) (fleetserve_gateway_concurrency_limit)", "limit {{instance}}"),
           ("sum by (instance) (fleetserve_gateway_concurrency_inflight)", "in flight {{instance}}"))),
         ("Gateway in-flight requests and rate-limit buckets", "short",
