@@ -46,6 +46,7 @@ from fleetserve.deploy.local import free_port
 from fleetserve.fleet.supervisor import http_ok
 from fleetserve.sim.arrivals import ArrivalConfig
 from fleetserve.sim.config import ReplicaGroup, SimConfig
+from fleetserve.sim.costs import UNMODELLED_GATEWAY_ARGS
 from fleetserve.sim.gateway import BalancerConfig
 from fleetserve.sim.profile import LengthMix, Profile
 from fleetserve.sim.simulator import simulate
@@ -222,7 +223,7 @@ async def main_async(args: argparse.Namespace) -> list[Run]:
         if args.skip_gateway:
             return runs
         gateway = [*CLI, "gateway", *(a for u in urls for a in ("--backend", u)), "--host", "127.0.0.1",
-                   "--port", str(gport), "--health-interval", "1"]
+                   "--port", str(gport), "--health-interval", "1", *UNMODELLED_GATEWAY_ARGS]
         gpid = await stack.enter_async_context(process(gateway, f"{gateway_url}/readyz"))
         for rate in (None, args.rate):
             name = (f"gateway + {args.replicas} replica(s), "

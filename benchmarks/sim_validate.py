@@ -64,6 +64,7 @@ from fleetserve.bench.replica_metrics import BATCH_EVENTS
 from fleetserve.bench.scenarios import ScenarioConfig, run_scenario
 from fleetserve.sim.arrivals import ArrivalConfig
 from fleetserve.sim.config import ReplicaGroup, SimConfig
+from fleetserve.sim.costs import UNMODELLED_GATEWAY_ARGS
 from fleetserve.sim.faults import Fault
 from fleetserve.sim.gateway import BalancerConfig
 from fleetserve.sim.profile import Profile
@@ -250,7 +251,8 @@ async def validate(args: argparse.Namespace, given: Profile | None,
             measure_profile, args.out.with_name(f"{MODEL}-int8-cpu-{replicas}-replicas.json"))
         def scenario(replicas: int = replicas, **kw: object) -> ScenarioConfig:
             base: dict[str, object] = dict(model=MODEL, replica_args=REPLICA_ARGS, replicas=replicas,
-                                           warmup_s=WARMUP_S, duration_s=args.duration)
+                                           warmup_s=WARMUP_S, duration_s=args.duration,
+                                           gateway_args=UNMODELLED_GATEWAY_ARGS)
             base.update(kw)
             return ScenarioConfig(**base)  # type: ignore[arg-type]
 

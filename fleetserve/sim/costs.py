@@ -48,6 +48,10 @@ from fleetserve.deploy.local import free_port
 from fleetserve.errors import FleetserveError
 from fleetserve.fleet.supervisor import http_ok
 
+# The simulator does not model the gateway's adaptive concurrency limit (on by default), so the real gateways it
+# is profiled from or compared with run without it: their refusals would be measured but never predicted.
+UNMODELLED_GATEWAY_ARGS = ("--no-adaptive-concurrency",)
+
 
 @dataclass(frozen=True)
 class CostConfig:
@@ -165,7 +169,7 @@ async def measure_costs(model: str, serve_args: list[str], config: CostConfig) -
         gport = free_port()
         gateway_url = f"http://127.0.0.1:{gport}"
         gateway = [*cli, "gateway", "--backend", replica_url, "--host", "127.0.0.1", "--port", str(gport),
-                   "--health-interval", "1"]
+                   "--health-interval", "1", *UNMODELLED_GATEWAY_ARGS]
         async with _process(gateway, f"{gateway_url}/readyz", config.ready_timeout_s) as (gpid, _):
             await _closed_loop(gateway_url, model, min(1.0, config.duration_s))
             g0 = tree_cpu_seconds(gpid)
