@@ -149,15 +149,14 @@ async def serve_gateway(
     try:
         if scrape is not None:
             await scrape.start()
-        holds = None if autoscaler is None else autoscaler.holds
         guards = EdgeGuards.create(config.edge, metrics.registry, clock,
-                                   unlimited=None if holds is None else holds.waiting)
+                                   unlimited=None if autoscaler is None else autoscaler.elastic)
         forwarder = Forwarder(balancer, metrics, config.hedge, guards.observer, max_retries=config.max_retries,
                               retry_after=retry_after(config.retry_after_s),
                               overload_retry_after=guards.retry_after,
                               try_timeout_s=config.per_try_timeout_ms / 1000, clock=clock,
                               signals=None if autoscaler is None else autoscaler.window,
-                              holds=holds)
+                              holds=None if autoscaler is None else autoscaler.holds)
         ids = IdGenerator()
         extra = middlewares(metrics.registry) if middlewares else ()
         app = build_app(config, forwarder, balancer, upstreams, metrics, guards, ids, extra,

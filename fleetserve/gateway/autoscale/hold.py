@@ -52,10 +52,6 @@ class HoldQueue:
         """Requests waiting now."""
         return len(self._waiting)
 
-    def waiting(self) -> bool:
-        """Whether any request waits now (the fleet has no replica ready)."""
-        return bool(self._waiting)
-
     async def hold(self, deadline: float) -> Held:
         """Wait until :meth:`release`, ``deadline`` (on the injected clock) or the hold timeout; FULL at once
         when ``capacity`` requests are already waiting."""

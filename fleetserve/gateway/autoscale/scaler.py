@@ -61,6 +61,14 @@ class GatewayAutoscaler:
     def desired(self) -> int | None:
         return self.autoscaler.desired
 
+    def elastic(self) -> bool:
+        """Whether the fleet may still grow: requests wait for a first replica, or the last tick saw fewer ready
+        and starting replicas than ``max_replicas`` (True before the first tick)."""
+        if self.held:
+            return True
+        last = self.last
+        return last is None or last.signals.ready + last.signals.starting < self.config.max_replicas
+
     def members(self) -> Membership:
         """Ready, starting and draining replicas now: the actuator's word, else the balancer's health view."""
         if self.membership is not None:

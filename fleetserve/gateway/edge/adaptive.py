@@ -155,11 +155,13 @@ class GradientController:
     def measuring_min_rtt(self) -> bool:
         return self._measuring
 
-    def try_acquire(self) -> Token | None:
-        """A slot for one request, or None when the limit is reached (answer it 503 at once)."""
+    def try_acquire(self, unlimited: Callable[[], bool] | None = None) -> Token | None:
+        """A slot for one request, or None when the limit is reached (answer it 503 at once). At the limit, a
+        slot all the same while ``unlimited()`` says so (the fleet is growing: :mod:`.adaptive_guard`), counted
+        like any other, so the limit keeps following demand and latency meanwhile."""
         now = self._clock()
         self._advance(now)
-        if self._inflight >= self._limit:
+        if self._inflight >= self._limit and (unlimited is None or not unlimited()):
             self._refusals[-1] += 1
             return None
         token = Token(now, self._epoch, self._inflight < self._config.min_concurrency)

@@ -10,10 +10,11 @@ time: ``fleetserve_gateway_concurrency_limit``, ``fleetserve_gateway_concurrency
 through :meth:`AdaptiveConcurrencyMiddleware.acquire` and :meth:`~AdaptiveConcurrencyMiddleware.release`, so
 one limit covers the gateway's requests whichever listener they came through.
 
-While ``unlimited()`` says so — requests are waiting for a first replica, at a fleet scaled to zero — requests
-are admitted without a slot: the hold queue bounds them (:mod:`fleetserve.gateway.autoscale.hold`), and a
-start-up is not an overload, so a burst larger than the limit waits whole for the replica, as in Knative's
-activator, and their latency (the start-up's) is no sample.
+While ``unlimited()`` says so — the gateway's autoscaler can still add replicas, or requests wait for a first
+one at a fleet scaled to zero — a request at the limit is admitted all the same: capacity is on its way, and a
+refusal would fail a request that scaling is about to serve (Knative's activator buffers during scale-up
+likewise; the hold queue bounds what waits at zero). Such requests take slots like any other, so the limit
+keeps following demand and latency, and applies as soon as the fleet is at its maximum.
 """
 
 from __future__ import annotations
@@ -44,13 +45,10 @@ class AdaptiveConcurrencyMiddleware:
         self._observer = observer or NullObserver()
         self._retry_after = {RETRY_AFTER: retry_after(retry_after_s)}
 
-    def acquire(self) -> Token | Rejection | None:
-        """A slot for one request, the 503 that refuses it (counted as ``concurrency_limited``), or None: admitted
-        without a slot while ``unlimited()``."""
-        if self.unlimited is not None and self.unlimited():
-            return None
+    def acquire(self) -> Token | Rejection:
+        """A slot for one request, or the 503 that refuses it (counted as ``concurrency_limited``)."""
         controller = self.controller
-        token = controller.try_acquire()
+        token = controller.try_acquire(self.unlimited)
         if token is None:
             self._observer.rejected("concurrency_limited")
             return Rejection(503, "concurrency_limited", f"gateway overloaded: {controller.inflight} requests in "
@@ -68,8 +66,6 @@ class AdaptiveConcurrencyMiddleware:
         token = self.acquire()
         if isinstance(token, Rejection):
             return token.response()
-        if token is None:
-            return await handler(request)
         ok = False
         try:
             response = await handler(request)

@@ -99,7 +99,7 @@ class GrpcGuards:
         return identity
 
     def acquire(self, method: str) -> Token | Rejection | None:
-        """A slot under the adaptive concurrency limit (None: no limit applies to this call now), or its refusal."""
+        """A slot under the adaptive concurrency limit (None: no limit applies to this call), or its refusal."""
         adaptive = self._adaptive
         if adaptive is None or method in adaptive.exempt:
             return None

@@ -49,7 +49,7 @@ class BuildContext:
     clock: Callable[[], float] = time.monotonic
     wall_clock: Callable[[], float] = time.time
     jwks_fetch: JwksFetcher | None = None
-    unlimited: Callable[[], bool] | None = None  # the adaptive limit admits everything while this says so
+    unlimited: Callable[[], bool] | None = None  # the adaptive limit refuses nothing while this says so
 
 
 def _head_limits(ctx: BuildContext) -> Middleware | None:
@@ -127,7 +127,7 @@ def build_middlewares(
 
     ``clock`` (monotonic) drives rate limits and JWKS refresh timing, ``wall_clock`` (epoch seconds)
     token expiry. ``jwks_fetch`` replaces the HTTP fetch of JWK Sets (tests). ``unlimited``: while it says
-    so, the adaptive concurrency limit admits every request (the gateway's requests wait for a first replica).
+    so, the adaptive concurrency limit refuses nothing (the gateway's autoscaler can still add replicas).
     """
     ctx = BuildContext(config, metrics or NullObserver(), clock, wall_clock, jwks_fetch, unlimited)
     middlewares = []

@@ -108,10 +108,17 @@ async def test_a_request_at_zero_replicas_waits_for_the_first_one(
     assert gw.metrics.registry.get_sample_value("fleetserve_autoscale_holds_total", {"outcome": "released"}) == 3
 
 
+LIMITED = EdgeConfig(adaptive=AdaptiveConcurrencyConfig(enabled=True))
+
+
+def refused(gw: GatewayHandle) -> float | None:
+    return gw.metrics.registry.get_sample_value("fleetserve_gateway_rejected_total", {"reason": "concurrency_limited"})
+
+
 async def test_a_burst_at_zero_replicas_larger_than_the_concurrency_limit_waits_whole(
         replicas: StartReplicas, gateway: StartGateway, client: aiohttp.ClientSession) -> None:
     (a,) = await replicas(1)
-    gw = await autoscaled(gateway, edge=EdgeConfig(adaptive=AdaptiveConcurrencyConfig(enabled=True)))
+    gw = await autoscaled(gateway, edge=LIMITED)
     limiter = next(m for m in gw.guards.middlewares if isinstance(m, AdaptiveConcurrencyMiddleware))
     assert limiter.controller.limit == 32  # its initial limit
     waiting = [asyncio.create_task(client.post(gw.url + INFER, data=str(i).encode())) for i in range(80)]
@@ -120,8 +127,26 @@ async def test_a_burst_at_zero_replicas_larger_than_the_concurrency_limit_waits_
     for task in waiting:
         async with await task as res:
             assert res.status == 200
-    assert gw.metrics.registry.get_sample_value("fleetserve_gateway_rejected_total",
-                                                {"reason": "concurrency_limited"}) == 0
+    assert refused(gw) == 0
+
+
+@pytest.mark.parametrize(("max_replicas", "refuses"), [(4, False), (1, True)])
+async def test_the_concurrency_limit_refuses_only_once_the_fleet_cannot_grow(
+        replicas: StartReplicas, gateway: StartGateway, client: aiohttp.ClientSession, max_replicas: int,
+        refuses: bool) -> None:
+    (a,) = await replicas(1)
+    a.delay_s = 0.3
+    autoscale = AutoscaleConfig(rule="hpa", min_replicas=1, max_replicas=max_replicas)
+    gw = await gateway([], discovery="actuator", autoscale=autoscale, edge=LIMITED)
+    await put(client, gw, {"ready": [a.url]})
+    await until(lambda: gw.autoscaler is not None and gw.autoscaler.last is not None
+                and gw.autoscaler.last.signals.ready == 1, what="a tick that saw the replica")
+    answers = await asyncio.gather(*(client.post(gw.url + INFER, data=b"{}") for _ in range(80)))
+    statuses = [res.status for res in answers]
+    for res in answers:
+        res.release()
+    assert (503 in statuses) is refuses  # beyond the initial 32 in flight, at the fleet's maximum only
+    assert (refused(gw) or 0) > 0 if refuses else refused(gw) == 0
 
 
 async def test_over_the_bound_or_past_the_deadline_a_held_request_gets_503_and_retry_after(

@@ -181,6 +181,17 @@ def test_latency_within_the_floor_never_shrinks_the_limit() -> None:
     assert floored.limit < 100
 
 
+def test_while_unlimited_a_request_at_the_limit_takes_a_slot_all_the_same() -> None:
+    clock = FakeClock()
+    c = controller(clock, min_rtt_interval_s=0.0, initial_concurrency=4)
+    growing = True
+    tokens = [c.try_acquire(lambda: growing) for _ in range(6)]
+    assert all(tokens) and c.inflight == 6 > c.limit  # counted, so the limit keeps following demand
+    growing = False
+    assert c.try_acquire(lambda: growing) is None  # at the fleet's maximum the limit applies
+    assert list(c._refusals) == [1]  # only the real refusal counts
+
+
 def test_failures_return_their_slot_without_a_latency_sample() -> None:
     clock = FakeClock()
     c = controller(clock, min_rtt_samples=2)
