@@ -5,6 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from fleetserve.batching.config import BatcherConfig
+from fleetserve.gateway.edge.config import AdaptiveConcurrencyConfig
 from fleetserve.sim.arrivals import ArrivalConfig
 from fleetserve.sim.faults import Fault
 from fleetserve.sim.gateway import BalancerConfig
@@ -38,7 +39,8 @@ class SimConfig:
     machine, as in the validation runs), shared with ``background_cores`` of demand from other processes
     (the load generator, other tenants) under processor sharing (:mod:`fleetserve.sim.host`).
     ``replica_cores`` sizes each replica's own host (default: its engine threads plus one core for the
-    event loop).
+    event loop). ``adaptive`` runs the gateway's adaptive concurrency limit in each worker (the gateway's default
+    is on, ``AdaptiveConcurrencyConfig()``; None leaves it out, as every simulation before it was modelled).
     """
 
     groups: tuple[ReplicaGroup, ...]
@@ -61,6 +63,7 @@ class SimConfig:
     rows: int = 1
     faults: tuple[Fault, ...] = ()
     scaling: ScalingConfig | None = None
+    adaptive: AdaptiveConcurrencyConfig | None = None  # the gateway's adaptive concurrency limit; None: off
     seed: int = 0
 
     def __post_init__(self) -> None:

@@ -11,6 +11,11 @@ The forwarding rule restates :mod:`fleetserve.gateway.forward.proxy`'s: a connec
 retried on another replica without the retry budget (no replica did any work); a reset before the response
 or a 503 is retried within the budget; at most ``max_retries`` retries, each on a replica not tried yet.
 When no replica can be picked the client gets a 503 at once.
+
+With ``adaptive`` the worker runs the gateway's adaptive concurrency limit (:mod:`fleetserve.gateway.edge.adaptive`,
+the product's controller on the simulated clock): a request beyond the limit is answered 503 at once, before any
+gateway CPU (a refusal costs a small fraction of a forwarded request), unless ``unlimited()`` says the fleet is
+still growing, as the gateway does with its autoscaler; an admitted request holds its slot until it is answered.
 """
 
 from __future__ import annotations
@@ -18,11 +23,13 @@ from __future__ import annotations
 import random
 from collections.abc import Callable
 
+from fleetserve.gateway.edge.adaptive import GradientController
+from fleetserve.gateway.edge.config import AdaptiveConcurrencyConfig
 from fleetserve.sim.events import EventLoop
 from fleetserve.sim.gateway import BalancerConfig, SimBalancer, load_report, reads_load_reports
 from fleetserve.sim.host import Host, Server
 from fleetserve.sim.replica import SimReplica
-from fleetserve.sim.request import CONNECT_ERROR, NO_REPLICA, OK, OVERLOADED, RESET, Request
+from fleetserve.sim.request import CONNECT_ERROR, LIMITED, NO_REPLICA, OK, OVERLOADED, RESET, Request
 
 Done = Callable[[Request, int], None]
 
@@ -30,8 +37,12 @@ Done = Callable[[Request, int], None]
 class FrontWorker:
     def __init__(self, loop: EventLoop, host: Host, config: BalancerConfig, *, cpu_s: float, max_retries: int,
                  rng: random.Random, done: Done, network_s: float = 0.0, wait_s: float = 0.0,
-                 busy_cpu_s: float | None = None, name: str = "gateway") -> None:
+                 busy_cpu_s: float | None = None, name: str = "gateway",
+                 adaptive: AdaptiveConcurrencyConfig | None = None,
+                 unlimited: Callable[[], bool] | None = None) -> None:
         self.loop = loop
+        self.limit = None if adaptive is None else GradientController(adaptive, clock=loop.clock)
+        self._unlimited = unlimited
         self.balancer: SimBalancer[SimReplica] = SimBalancer(config, clock=loop.clock, rng=rng)
         self.server = Server(loop, host, wait_s=wait_s, name=name)
         self._cpu_s = cpu_s
@@ -45,6 +56,11 @@ class FrontWorker:
         self.answer = self._delayed_answer if network_s else self._answer
 
     def receive(self, request: Request) -> None:
+        if self.limit is not None:
+            request.slot = self.limit.try_acquire(self._unlimited)
+            if request.slot is None:
+                self._done(request, LIMITED)
+                return
         request.reply = self.answer
         cpu = self._busy_cpu_s if self.server.busy else self._cpu_s
         if cpu:
@@ -60,7 +76,7 @@ class FrontWorker:
             if request.budgeted:
                 self.balancer.retry_budget.release()
                 request.budgeted = False
-            self._done(request, NO_REPLICA)
+            self._finish(request, NO_REPLICA)
             return
         replica, request.ticket = routed
         request.attempts += 1
@@ -70,6 +86,14 @@ class FrontWorker:
             self.loop.after(self._network_s, replica.receive, request)
         else:
             replica.receive(request)
+
+    def _finish(self, request: Request, status: int) -> None:
+        slot = request.slot
+        if slot is not None:
+            assert self.limit is not None
+            request.slot = None
+            self.limit.release(slot, self.loop.now - slot.started_at, status == OK)
+        self._done(request, status)
 
     def _delayed_answer(self, request: Request, status: int, replica: SimReplica) -> None:
         if status == CONNECT_ERROR:
@@ -92,11 +116,11 @@ class FrontWorker:
             self.balancer.retry_budget.release()
             request.budgeted = False
         if status not in (CONNECT_ERROR, RESET, OVERLOADED) or request.attempts > self._max_retries:
-            self._done(request, status)
+            self._finish(request, status)
             return
         if not connect_error:
             if not self.balancer.retry_budget.try_acquire():
-                self._done(request, status)
+                self._finish(request, status)
                 return
             request.budgeted = True
         if request.tickets is None:

@@ -9,10 +9,10 @@ from typing import Any
 
 import numpy as np
 
-from fleetserve.sim.request import CONNECT_ERROR, EXPIRED, NO_REPLICA, OK, OVERLOADED, RESET
+from fleetserve.sim.request import CONNECT_ERROR, EXPIRED, LIMITED, NO_REPLICA, OK, OVERLOADED, RESET
 
 STATUS_NAMES = {OK: "ok", OVERLOADED: "overloaded_503", RESET: "reset_502", EXPIRED: "expired_504",
-                CONNECT_ERROR: "connect_error", NO_REPLICA: "no_replica_503"}
+                CONNECT_ERROR: "connect_error", NO_REPLICA: "no_replica_503", LIMITED: "limited_503"}
 PERCENTILES = (50.0, 90.0, 99.0, 99.9)
 
 

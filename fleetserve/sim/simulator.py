@@ -25,7 +25,7 @@ from fleetserve.sim.host import Host
 from fleetserve.sim.replica import DOWN, READY, STARTING, SimReplica
 from fleetserve.sim.request import Request
 from fleetserve.sim.results import Recorder, SimResult, error_names, latency_stats
-from fleetserve.sim.scaling import FleetSnapshot
+from fleetserve.sim.scaling import FixedSize, FleetSnapshot
 
 
 class Simulation:
@@ -39,11 +39,14 @@ class Simulation:
             if config.shared_host_cores is not None else None
         )
         gateway_host = self._shared or Host(self.loop, config.gateway_workers, name="gateway")
+        scaling = config.scaling
+        self._elastic = scaling is not None and not isinstance(scaling.rule, FixedSize)
         self.workers = [
             FrontWorker(self.loop, gateway_host, config.balancer, cpu_s=config.gateway_cpu(),
                         max_retries=config.max_retries, rng=random.Random(f"{seed}:balancer:{i}"),
                         done=self._done, network_s=config.network_s, wait_s=config.gateway_wait(),
-                        busy_cpu_s=config.gateway_busy_cpu(), name=f"gateway/{i}")
+                        busy_cpu_s=config.gateway_busy_cpu(), name=f"gateway/{i}", adaptive=config.adaptive,
+                        unlimited=self._can_grow if self._elastic else None)
             for i in range(config.gateway_workers)
         ]
         self._front_draw = self._rng["front"].randrange  # which worker's socket takes a connection (_arrive)
@@ -128,6 +131,11 @@ class Simulation:
         worker = workers[0] if len(workers) == 1 else workers[self._front_draw(len(workers))]
         worker.receive(request)
         self._next_arrival()
+
+    def _can_grow(self) -> bool:
+        """Whether the scaling rule may still add replicas (the gateway's limit then refuses nothing)."""
+        scaling = self.config.scaling
+        return scaling is not None and len(self.replicas) < scaling.max_replicas
 
     def _done(self, request: Request, status: int) -> None:
         self._recorder.record(request.arrived_at, self.loop.now, status)

@@ -11,6 +11,7 @@ from dataclasses import replace
 import pytest
 
 from fleetserve.batching.config import BatcherConfig
+from fleetserve.gateway.edge.config import AdaptiveConcurrencyConfig
 from fleetserve.sim.arrivals import ArrivalConfig
 from fleetserve.sim.config import ReplicaGroup, SimConfig
 from fleetserve.sim.faults import Fault
@@ -219,3 +220,23 @@ def test_a_replica_retired_while_starting_never_joins() -> None:
     sim.run()
     assert [r.name for r in sim.replicas] == ["replica-0", "replica-1"]
     assert all(worker.balancer.names() == ["replica-0", "replica-1"] for worker in sim.workers)
+
+
+def test_the_gateways_adaptive_limit_refuses_an_overloads_excess_and_admitted_requests_keep_their_latency() -> None:
+    overload = dict(rate=3000.0, requests=30_000, warmup_s=2.0, seed=5)  # 3x one replica's 1,000 requests/s
+    unlimited = simulate(_config(1, **overload))  # type: ignore[arg-type]
+    limited = simulate(_config(1, adaptive=AdaptiveConcurrencyConfig(), **overload))  # type: ignore[arg-type]
+    assert "limited_503" not in unlimited.errors and unlimited.p("p99") > 0.5  # the queue grows until it is full
+    assert limited.errors["limited_503"] > 0.5 * limited.requests  # the excess is refused at once
+    assert limited.p("p99") < 0.1 * unlimited.p("p99")
+    assert limited.goodput_rps > 0.9 * 1000
+
+
+def test_the_limit_refuses_nothing_while_the_scaling_rule_may_still_add_replicas() -> None:
+    overload = dict(rate=3000.0, requests=20_000, adaptive=AdaptiveConcurrencyConfig())
+    growing = simulate(_config(1, scaling=ScalingConfig(_Grow(), interval_s=1.0, cold_start_s=2.0),  # type: ignore[arg-type]
+                               **overload))
+    at_max = simulate(_config(1, scaling=ScalingConfig(_Grow(), interval_s=1.0, cold_start_s=2.0,  # type: ignore[arg-type]
+                                                       max_replicas=1), **overload))
+    assert "limited_503" not in growing.errors
+    assert at_max.errors["limited_503"] > 0
