@@ -48,8 +48,8 @@ from fleetserve.deploy.local import free_port
 from fleetserve.errors import FleetserveError
 from fleetserve.fleet.supervisor import http_ok
 
-# The simulator does not model the gateway's adaptive concurrency limit (on by default), so the real gateways it
-# is profiled from or compared with run without it: their refusals would be measured but never predicted.
+# The simulator models the gateway's adaptive concurrency limit (on by default in the gateway) only when asked
+# (SimConfig.adaptive), so the real gateways it is profiled from or compared with run without it.
 UNMODELLED_GATEWAY_ARGS = ("--no-adaptive-concurrency",)
 
 

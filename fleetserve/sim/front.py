@@ -41,7 +41,8 @@ class FrontWorker:
                  adaptive: AdaptiveConcurrencyConfig | None = None,
                  unlimited: Callable[[], bool] | None = None) -> None:
         self.loop = loop
-        self.limit = None if adaptive is None else GradientController(adaptive, clock=loop.clock)
+        self.limit = None if adaptive is None else GradientController(adaptive, clock=loop.clock,
+                                                                      rng=random.Random(rng.random()))
         self._unlimited = unlimited
         self.balancer: SimBalancer[SimReplica] = SimBalancer(config, clock=loop.clock, rng=rng)
         self.server = Server(loop, host, wait_s=wait_s, name=name)

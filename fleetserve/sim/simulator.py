@@ -133,9 +133,10 @@ class Simulation:
         self._next_arrival()
 
     def _can_grow(self) -> bool:
-        """Whether the scaling rule may still add replicas (the gateway's limit then refuses nothing)."""
-        scaling = self.config.scaling
-        return scaling is not None and len(self.replicas) < scaling.max_replicas
+        """Whether the scaling rule may still add capacity: fewer ready replicas than its maximum (the gateway's
+        limit then refuses nothing)."""
+        assert self.config.scaling is not None
+        return sum(r.state == READY for r in self.replicas) < self.config.scaling.max_replicas
 
     def _done(self, request: Request, status: int) -> None:
         self._recorder.record(request.arrived_at, self.loop.now, status)

@@ -238,5 +238,10 @@ def test_the_limit_refuses_nothing_while_the_scaling_rule_may_still_add_replicas
                                **overload))
     at_max = simulate(_config(1, scaling=ScalingConfig(_Grow(), interval_s=1.0, cold_start_s=2.0,  # type: ignore[arg-type]
                                                        max_replicas=1), **overload))
+    reaching = simulate(_config(1, scaling=ScalingConfig(_Grow(), interval_s=1.0, cold_start_s=2.0,  # type: ignore[arg-type]
+                                                         max_replicas=4), **overload))
     assert "limited_503" not in growing.errors
     assert at_max.errors["limited_503"] > 0
+    # Growing to its maximum of 4 (4,000 requests/s): the limit stands aside until they are ready, not started,
+    # and then takes over from the in-flight they carried instead of refusing nearly everything.
+    assert reaching.errors.get("limited_503", 0) < 0.01 * reaching.requests

@@ -62,12 +62,14 @@ class GatewayAutoscaler:
         return self.autoscaler.desired
 
     def elastic(self) -> bool:
-        """Whether the fleet may still grow: requests wait for a first replica, or the last tick saw fewer ready
-        and starting replicas than ``max_replicas`` (True before the first tick)."""
+        """Whether this gateway's own actuator may still grow the fleet: requests wait for a first replica, or
+        (with ``--discovery actuator``) the last tick saw fewer ready replicas than ``max_replicas``; replicas
+        still starting do not count, as their capacity is not there yet. A fleet that something else scales
+        (Kubernetes) or that nothing scales (static backends) is never counted as growing."""
         if self.held:
             return True
         last = self.last
-        return last is None or last.signals.ready + last.signals.starting < self.config.max_replicas
+        return self.membership is not None and last is not None and last.signals.ready < self.config.max_replicas
 
     def members(self) -> Membership:
         """Ready, starting and draining replicas now: the actuator's word, else the balancer's health view."""

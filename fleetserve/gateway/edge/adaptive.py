@@ -37,8 +37,10 @@ architecture docs), with changes taken from Netflix's concurrency-limits (Netfli
   then for its own, up to twice the no-load latency, without any queue beyond the next batch (Envoy's 25%
   takes that wait for queueing and keeps fewer in flight than such a replica needs to fill its batches).
 - **A latency floor** (``latency_floor_ms``, 50 ms by default; not in Envoy or Netflix's limits): a median
-  latency at or below it never shrinks the limit, the way CoDel (Nichols and Jacobson, "Controlling Queue
-  Delay", ACM Queue 2012; RFC 8289) drops nothing while the queue delay stays under its absolute target. A
+  latency at or below it is never a reason to shrink the limit, the way CoDel (Nichols and Jacobson,
+  "Controlling Queue Delay", ACM Queue 2012; RFC 8289) drops nothing while the queue delay stays under its
+  absolute target: below it the gradient grows the limit, up to 2× per update (the app-limited rule below still
+  brings an unused limit down to what demand needs). A
   batching GPU replica answers faster alone than with company, yet serves more per second with fuller
   batches: a limit that follows its no-load latency alone held 256 clients near twice that latency and cost
   a quarter of the throughput (BENCHMARKS.md §4.4). Under a real overload latency leaves any floor behind
@@ -62,6 +64,11 @@ architecture docs), with changes taken from Netflix's concurrency-limits (Netfli
   exactly that: latency up by half while bursts of requests wait on the stalled replica; shrinking there
   refuses the next burst without shortening any queue. An overload reaches the limit within an update, and
   from then on the gradient applies in full.
+
+- **While the fleet grows** (``try_acquire(unlimited)`` with ``unlimited()`` true: the gateway's autoscaler is
+  adding replicas) a request at the limit is admitted all the same. An update after such admissions never
+  shrinks the limit and lifts it to the in-flight count the fleet carried, so once the fleet stops growing the
+  limit takes over from there and the gradient brings it down, instead of refusing all but a few.
 
 Requests that fail (``ok=False``: errors, refusals by inner guards, disconnects) return their slot without a
 latency sample, and samples of requests started before the current window are discarded, as in Envoy.
@@ -118,6 +125,7 @@ class GradientController:
         self._low_load: deque[float] = deque(maxlen=config.min_rtt_samples)
         self._peaks: deque[int] = deque([0], maxlen=APP_LIMITED_UPDATES)
         self._refusals: deque[int] = deque([0], maxlen=APP_LIMITED_UPDATES)  # per update, beside the peaks
+        self._beyond = 0  # admitted past the limit since the last update (the fleet was growing)
         self._epoch = 0
         self._measuring = False
         self._deferred_limit = self._initial
@@ -161,9 +169,11 @@ class GradientController:
         like any other, so the limit keeps following demand and latency meanwhile."""
         now = self._clock()
         self._advance(now)
-        if self._inflight >= self._limit and (unlimited is None or not unlimited()):
-            self._refusals[-1] += 1
-            return None
+        if self._inflight >= self._limit:
+            if unlimited is None or not unlimited():
+                self._refusals[-1] += 1
+                return None
+            self._beyond += 1
         token = Token(now, self._epoch, self._inflight < self._config.min_concurrency)
         self._inflight += 1
         if self._inflight > self._peaks[-1]:
@@ -234,6 +244,11 @@ class GradientController:
             new = max(floor, min(new, self._limit)) if gradient < 1 else max(self._initial, floor)
         elif gradient < 1 and peak < self._limit and not any(self._refusals):
             new = self._limit  # used, never reached: nothing was held back, so nothing to shrink for
+        if self._beyond:
+            # Admitted past the limit while the fleet grew: follow what it carried, never shrink, so the limit
+            # takes over from there (and then shrinks by the gradient) rather than refusing all but a few.
+            new = max(new, self._limit, self._peaks[-1])
+            self._beyond = 0
         self._limit = new
 
     def _follow_min_rtt(self, sample: float) -> float:

@@ -14,7 +14,11 @@ While ``unlimited()`` says so — the gateway's autoscaler can still add replica
 one at a fleet scaled to zero — a request at the limit is admitted all the same: capacity is on its way, and a
 refusal would fail a request that scaling is about to serve (Knative's activator buffers during scale-up
 likewise; the hold queue bounds what waits at zero). Such requests take slots like any other, so the limit
-keeps following demand and latency, and applies as soon as the fleet is at its maximum.
+keeps following demand and latency, and applies as soon as the fleet is at its maximum; while it stands aside
+the limit does not shrink (:mod:`.adaptive`).
+
+The gateway's own API and dashboard (``/gateway/…``, ``/dashboard``) are not limited: they answer from the
+gateway's state without a replica, and the autoscaler's actuator long-polls there for seconds.
 """
 
 from __future__ import annotations
@@ -30,6 +34,9 @@ from fleetserve.gateway.edge.adaptive import GradientController, Token
 from fleetserve.gateway.edge.metrics import NullObserver, RejectionObserver
 from fleetserve.gateway.edge.rejection import Rejection
 from fleetserve.wire import RETRY_AFTER, retry_after
+
+# Paths under these prefixes are the gateway's own (admin, autoscaler, dashboard): never limited.
+OWN_PREFIXES = ("/gateway/", "/dashboard")
 
 
 class AdaptiveConcurrencyMiddleware:
@@ -61,7 +68,8 @@ class AdaptiveConcurrencyMiddleware:
         controller.release(token, controller.now() - token.started_at, ok)
 
     async def __call__(self, request: web.Request, handler: Handler) -> web.StreamResponse:
-        if request.path in self.exempt:
+        path = request.path
+        if path in self.exempt or path.startswith(OWN_PREFIXES):
             return await handler(request)
         token = self.acquire()
         if isinstance(token, Rejection):

@@ -155,7 +155,8 @@ class AdaptiveConcurrencyConfig:
     rtt_buffer_percent: float = option(100.0, "latency above the no-load latency tolerated before the limit "
                                        "shrinks (a request behind a running batch waits up to twice it)",
                                        flag="--adaptive-rtt-buffer-percent")
-    latency_floor_ms: float = option(50.0, "median latency at or below this never shrinks the limit, whatever the "
+    latency_floor_ms: float = option(50.0, "median latency at or below this is never a reason to shrink the limit, "
+                                     "whatever the "
                                      "no-load latency: a batching replica whose fuller batches cost latency but "
                                      "gain throughput is not refused while it answers within it (0: the RTT "
                                      "buffer alone)", flag="--adaptive-latency-floor-ms")

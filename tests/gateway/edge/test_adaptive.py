@@ -192,6 +192,26 @@ def test_while_unlimited_a_request_at_the_limit_takes_a_slot_all_the_same() -> N
     assert list(c._refusals) == [1]  # only the real refusal counts
 
 
+def test_while_the_fleet_grows_the_limit_follows_what_it_carries_and_never_shrinks() -> None:
+    clock = FakeClock()
+    c = controller(clock, initial_concurrency=4)
+    finish_min_rtt_window(c, clock, 0.010)
+    finishing = [c.try_acquire(lambda: True) for _ in range(30)]  # 30 in flight, the limit 4
+    clock.now += 0.05
+    for token in finishing:
+        assert token is not None
+        c.release(token, 0.5, ok=True)  # a long queue: far past any buffer
+    clock.now += 0.1
+    held = [c.try_acquire(lambda: True) for _ in range(2)]  # the update runs here
+    assert c.limit >= 30  # takes over from what the fleet carried, then the gradient brings it down
+    for token in held:
+        assert token is not None
+        c.release(token, 0.5, ok=True)
+    clock.now += 0.2
+    c.try_acquire()
+    assert c.limit < 30
+
+
 def test_failures_return_their_slot_without_a_latency_sample() -> None:
     clock = FakeClock()
     c = controller(clock, min_rtt_samples=2)
