@@ -41,8 +41,8 @@ class FrontWorker:
                  adaptive: AdaptiveConcurrencyConfig | None = None,
                  unlimited: Callable[[], bool] | None = None) -> None:
         self.loop = loop
-        self.limit = None if adaptive is None else GradientController(adaptive, clock=loop.clock,
-                                                                      rng=random.Random(rng.random()))
+        self.controller = None if adaptive is None else GradientController(adaptive, clock=loop.clock,
+                                                                           rng=random.Random(rng.random()))
         self._unlimited = unlimited
         self.balancer: SimBalancer[SimReplica] = SimBalancer(config, clock=loop.clock, rng=rng)
         self.server = Server(loop, host, wait_s=wait_s, name=name)
@@ -57,8 +57,8 @@ class FrontWorker:
         self.answer = self._delayed_answer if network_s else self._answer
 
     def receive(self, request: Request) -> None:
-        if self.limit is not None:
-            request.slot = self.limit.try_acquire(self._unlimited)
+        if self.controller is not None:
+            request.slot = self.controller.try_acquire(self._unlimited)
             if request.slot is None:
                 self._done(request, LIMITED)
                 return
@@ -91,9 +91,9 @@ class FrontWorker:
     def _finish(self, request: Request, status: int) -> None:
         slot = request.slot
         if slot is not None:
-            assert self.limit is not None
+            assert self.controller is not None
             request.slot = None
-            self.limit.release(slot, self.loop.now - slot.started_at, status == OK)
+            self.controller.release(slot, self.loop.now - slot.started_at, status == OK)
         self._done(request, status)
 
     def _delayed_answer(self, request: Request, status: int, replica: SimReplica) -> None:

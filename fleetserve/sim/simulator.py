@@ -40,13 +40,13 @@ class Simulation:
         )
         gateway_host = self._shared or Host(self.loop, config.gateway_workers, name="gateway")
         scaling = config.scaling
-        self._elastic = scaling is not None and not isinstance(scaling.rule, FixedSize)
+        elastic = scaling is not None and not isinstance(scaling.rule, FixedSize)
         self.workers = [
             FrontWorker(self.loop, gateway_host, config.balancer, cpu_s=config.gateway_cpu(),
                         max_retries=config.max_retries, rng=random.Random(f"{seed}:balancer:{i}"),
                         done=self._done, network_s=config.network_s, wait_s=config.gateway_wait(),
                         busy_cpu_s=config.gateway_busy_cpu(), name=f"gateway/{i}", adaptive=config.adaptive,
-                        unlimited=self._can_grow if self._elastic else None)
+                        unlimited=self._can_grow if elastic else None)
             for i in range(config.gateway_workers)
         ]
         self._front_draw = self._rng["front"].randrange  # which worker's socket takes a connection (_arrive)
@@ -57,6 +57,7 @@ class Simulation:
         for group in config.groups:
             for _ in range(group.replicas):
                 self._add_replica(group, READY)
+        self._ticked_ready = len(self.replicas)  # ready replicas the last scaling tick saw (the gateway's view)
         self._faults = self._targets()
         self._probe_streaks: dict[str, int] = {}
         self._recorder = Recorder(config.warmup_s)
@@ -133,10 +134,10 @@ class Simulation:
         self._next_arrival()
 
     def _can_grow(self) -> bool:
-        """Whether the scaling rule may still add capacity: fewer ready replicas than its maximum (the gateway's
-        limit then refuses nothing)."""
+        """Whether the scaling rule may still add capacity: its last tick saw fewer ready replicas than its maximum,
+        as the gateway's autoscaler judges it (the gateway's limit then refuses nothing)."""
         assert self.config.scaling is not None
-        return sum(r.state == READY for r in self.replicas) < self.config.scaling.max_replicas
+        return self._ticked_ready < self.config.scaling.max_replicas
 
     def _done(self, request: Request, status: int) -> None:
         self._recorder.record(request.arrived_at, self.loop.now, status)
@@ -172,6 +173,7 @@ class Simulation:
             return
         interval = scaling.interval_s
         ready = [r for r in self.replicas if r.state in (READY, DOWN)]
+        self._ticked_ready = len(ready)
         starting = [r for r in self.replicas if r.state == STARTING]
         busy = sum(s.busy_seconds() for r in ready for s in r.instances)
         slots = sum(len(r.instances) for r in ready) or 1

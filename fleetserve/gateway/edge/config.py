@@ -156,10 +156,9 @@ class AdaptiveConcurrencyConfig:
                                        "shrinks (a request behind a running batch waits up to twice it)",
                                        flag="--adaptive-rtt-buffer-percent")
     latency_floor_ms: float = option(50.0, "median latency at or below this is never a reason to shrink the limit, "
-                                     "whatever the "
-                                     "no-load latency: a batching replica whose fuller batches cost latency but "
-                                     "gain throughput is not refused while it answers within it (0: the RTT "
-                                     "buffer alone)", flag="--adaptive-latency-floor-ms")
+                                     "whatever the no-load latency: a batching replica whose fuller batches cost "
+                                     "latency but gain throughput is not refused while it answers within it (0: "
+                                     "the RTT buffer alone)", flag="--adaptive-latency-floor-ms")
     min_rtt_samples: int = 50
     min_update_samples: int = 20
     sample_percentile: float = 50.0
