@@ -14,7 +14,11 @@ for minutes of compile time per shape set.
 Options (``BuildSpec.options``): ``gelu`` = ``tanh`` (GELU's tanh form: cuBLASLt's bias+GELU epilogue in
 half precision, the hardware tanh in FP8's GELU + cast pass; default) or ``exact`` (erf); ``ffn1`` =
 ``triton`` (one FP8 GEMM with a bias+GELU+cast epilogue; default: faster than the other at every batch size
-on the H200, BENCHMARKS.md §10.2) or ``cublas`` (``_scaled_mm`` then a GELU+cast pass); ``fp8_margin``
+on the H200, BENCHMARKS.md §10.2) or ``cublas`` (``_scaled_mm`` then a GELU+cast pass); ``attention`` =
+``triton`` (one kernel from the QKV product's output to the output projection's input, FP8 cast included;
+default: faster than the other in every shape measured on the H200 but BERT-base fp16 at batch ≥ 128, where it
+is 1-2% slower, BENCHMARKS.md §10.2) or ``sdpa`` (PyTorch's ``scaled_dot_product_attention``, cuDNN on the
+H200); ``fp8_margin``
 (default 2); ``fp8_fast_accum`` = ``1``/``0`` (default 1).
 """
 
@@ -38,7 +42,7 @@ if TYPE_CHECKING:
     from fleetserve.engine.torch_encoder import Encoder, EncoderConfig
     from fleetserve.engine.torch_graphs import GraphInstance
 
-FORMAT = 1
+FORMAT = 2  # 2: the attention kernel is part of the artifact
 META, WEIGHTS = "encoder.json", "weights.pt"
 CALIBRATION_BATCH = 32
 ACCURACY_BATCH = 16
@@ -49,11 +53,13 @@ _DTYPES = {Precision.FP32: "float32", Precision.FP16: "float16", Precision.BF16:
 class TorchCudaOptions:
     gelu: str = "tanh"
     ffn1: str = "triton"
+    attention: str = "triton"
     fp8_margin: float = 2.0
     fp8_fast_accum: bool = True
 
     def __post_init__(self) -> None:
-        for name, allowed in (("gelu", ("tanh", "exact")), ("ffn1", ("cublas", "triton"))):
+        for name, allowed in (("gelu", ("tanh", "exact")), ("ffn1", ("cublas", "triton")),
+                              ("attention", ("sdpa", "triton"))):
             if getattr(self, name) not in allowed:
                 raise ValueError(f"{name} must be one of {', '.join(allowed)}, got {getattr(self, name)!r}")
         if not 1.0 <= self.fp8_margin <= 64.0:
@@ -69,7 +75,8 @@ class TorchCudaOptions:
         if accum not in ("0", "1", "true", "false"):
             raise ValueError(f"fp8_fast_accum must be 0 or 1, got {accum!r}")
         return cls(
-            gelu=options.get("gelu", cls.gelu), ffn1=options.get("ffn1", cls.ffn1), fp8_margin=margin,
+            gelu=options.get("gelu", cls.gelu), ffn1=options.get("ffn1", cls.ffn1),
+            attention=options.get("attention", cls.attention), fp8_margin=margin,
             fp8_fast_accum=accum in ("1", "true"),
         )
 
@@ -130,7 +137,7 @@ def write_artifact(
     torch.save(dict(weights), out_dir / WEIGHTS)
     meta = {
         "format": FORMAT, "config": cfg.to_json(), "precision": str(precision), "act_scales": scales,
-        "gelu": options.gelu, "ffn1": options.ffn1,
+        "gelu": options.gelu, "ffn1": options.ffn1, "attention": options.attention,
         "fp8_fast_accum": options.fp8_fast_accum, "device": device,
     }
     (out_dir / META).write_text(json.dumps(meta, indent=2))
@@ -314,14 +321,17 @@ class TorchCudaBackend:
         weights = torch.load(artifact_dir / WEIGHTS, map_location=device, weights_only=True)
         kernels = TritonKernels(
             tanh_gelu=meta["gelu"] != "exact", fast_accum=bool(meta["fp8_fast_accum"]),
-            fused_ffn1=meta["ffn1"] == "triton",
+            fused_ffn1=meta["ffn1"] == "triton", fused_attention=meta["attention"] == "triton",
         )
         return TorchCudaEngine(make_encoder(meta, weights, kernels), profile, device)
 
 
 def _describe(precision: Precision, options: TorchCudaOptions) -> str:
     gelu = "cuBLASLt bias+GELU epilogue (tanh GELU)" if options.gelu == "tanh" else "exact GELU (Triton)"
-    common = "SDPA attention, fused QKV, Triton residual+LayerNorm, CUDA graph per bucket"
+    attention = "SDPA attention"
+    if options.attention == "triton":
+        attention = "Triton attention (QKV product to output projection, one pass)"
+    common = f"{attention}, fused QKV, Triton residual+LayerNorm, CUDA graph per bucket"
     if precision is Precision.FP8:
         accum = "fast accumulation" if options.fp8_fast_accum else "fp32 accumulation"
         tanh = "tanh" if options.gelu == "tanh" else "exact"

@@ -2,8 +2,8 @@
 
 It computes what Hugging Face's ``BertModel`` plus mean pooling computes (Devlin et al. 2019; pooling as in
 sentence-transformers), from the same weights, but laid out for inference on a GPU: Q, K and V are one
-matrix product with concatenated weights, attention goes through ``scaled_dot_product_attention`` (fused
-kernels), the element-wise chains go through :mod:`fleetserve.engine.torch_kernels`, and in FP8 mode the
+matrix product with concatenated weights, attention is one fused kernel (``scaled_dot_product_attention``
+or a Triton one) and so are the element-wise chains (:mod:`fleetserve.engine.torch_kernels`); in FP8 mode the
 four linear layers of every block take e4m3 inputs with static, calibrated per-tensor scales. No module
 state changes during ``forward``, so the whole forward can be captured in a CUDA graph.
 """
@@ -143,26 +143,23 @@ class Encoder:
         """
         cfg, w = self.cfg, self.w
         b, s = input_ids.shape
-        rows, heads, head_dim = b * s, cfg.heads, cfg.hidden // cfg.heads
+        rows = b * s
 
         word = F.embedding(input_ids, w["emb.word"]).view(rows, cfg.hidden)
         posn = (w["emb.pos"][:s].unsqueeze(0) + F.embedding(token_type_ids, w["emb.type"])).view(rows, cfg.hidden)
         h, hq = self.k.add_layernorm(word, posn, w["emb.ln_w"], w["emb.ln_b"], cfg.eps, self._qscale("0.qkv"))
-        bias = ((1.0 - attention_mask.to(self.dtype)) * MASK_BIAS).view(b, 1, 1, s)
+        bias = (1.0 - attention_mask.to(self.dtype)) * MASK_BIAS
 
         for i in range(cfg.layers):
             if observe:
                 observe(f"{i}.qkv", h)
             qkv = self._linear(i, "qkv", h if hq is None else hq)
-            qkv = qkv.view(b, s, 3, heads, head_dim).permute(2, 0, 3, 1, 4)
-            att = self.k.attention(qkv[0], qkv[1], qkv[2], bias)
-            att = att.transpose(1, 2).reshape(rows, cfg.hidden)
+            # e4m3, ready for the output projection, in FP8 mode (calibration runs without scales).
+            att = self.k.attention(qkv, bias, cfg.heads, self._qscale(f"{i}.o"))
             if observe:
                 observe(f"{i}.o", att)
-            o_scale = self._qscale(f"{i}.o")
-            o_in = att if o_scale is None else self.k.quantize(att, o_scale)
             h, hq = self.k.add_layernorm(
-                self._linear(i, "o", o_in), h, w[f"{i}.ln1_w"], w[f"{i}.ln1_b"], cfg.eps,
+                self._linear(i, "o", att), h, w[f"{i}.ln1_w"], w[f"{i}.ln1_b"], cfg.eps,
                 self._qscale(f"{i}.ff1"),
             )
             if observe:

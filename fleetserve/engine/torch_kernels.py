@@ -38,7 +38,12 @@ class Fp8Scales:
 
 
 class Kernels(Protocol):
-    """The fused operations the encoder needs; ``qscale`` is the FP8 scale of the output (None: no FP8)."""
+    """The fused operations the encoder needs; ``qscale`` is the FP8 scale of the output (None: no FP8).
+
+    ``attention``: self-attention of the fused QKV product's output ``qkv`` [b·s, 3·hidden] (Q, K, V side by
+    side, ``heads`` heads each) with the additive key bias ``bias`` [b, s], as [b·s, hidden], the layout the
+    output projection reads.
+    """
 
     def add_layernorm(
         self, x: torch.Tensor, residual: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor, eps: float,
@@ -47,7 +52,9 @@ class Kernels(Protocol):
 
     def quantize(self, x: torch.Tensor, qscale: float) -> torch.Tensor: ...
 
-    def attention(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, bias: torch.Tensor) -> torch.Tensor: ...
+    def attention(
+        self, qkv: torch.Tensor, bias: torch.Tensor, heads: int, qscale: float | None
+    ) -> torch.Tensor: ...
 
     def linear_gelu(self, x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor) -> torch.Tensor: ...
 
@@ -60,6 +67,15 @@ class Kernels(Protocol):
 
 def quantize_reference(x: torch.Tensor, qscale: float) -> torch.Tensor:
     return (x.float() / qscale).clamp(-FP8_MAX, FP8_MAX).to(FP8)
+
+
+def sdpa_attention(qkv: torch.Tensor, bias: torch.Tensor, heads: int) -> torch.Tensor:
+    """:meth:`Kernels.attention` through PyTorch's ``scaled_dot_product_attention`` (without the cast)."""
+    b, s = bias.shape
+    hidden = qkv.shape[-1] // 3
+    parts = qkv.view(b, s, 3, heads, hidden // heads).permute(2, 0, 3, 1, 4)
+    att = F.scaled_dot_product_attention(parts[0], parts[1], parts[2], attn_mask=bias.view(b, 1, 1, s))
+    return att.transpose(1, 2).reshape(b * s, hidden)
 
 
 class TorchKernels:
@@ -83,8 +99,9 @@ class TorchKernels:
     def quantize(self, x: torch.Tensor, qscale: float) -> torch.Tensor:
         return quantize_reference(x, qscale)
 
-    def attention(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, bias: torch.Tensor) -> torch.Tensor:
-        return F.scaled_dot_product_attention(q, k, v, attn_mask=bias)
+    def attention(self, qkv: torch.Tensor, bias: torch.Tensor, heads: int, qscale: float | None) -> torch.Tensor:
+        att = sdpa_attention(qkv, bias, heads)
+        return att if qscale is None else quantize_reference(att, qscale)
 
     def linear_gelu(self, x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor) -> torch.Tensor:
         return F.gelu(F.linear(x, weight, bias), approximate=self.approximate)
@@ -108,12 +125,14 @@ class TritonKernels:
     exact-GELU Triton pass follows the product. ``fused_ffn1``: the FP8 first FFN product is
     a Triton GEMM with bias+GELU+FP8 epilogue instead of ``_scaled_mm`` + a GELU/cast pass: the persistent TMA
     kernel from ``persistent_min_rows`` rows on, one tile per program below. Attention is PyTorch's SDPA with
-    an additive mask; on the H200 it already dispatches to cuDNN's fused flash kernel.
+    an additive mask (on the H200 it dispatches to cuDNN's fused flash kernel), or with ``fused_attention``
+    a Triton kernel that reads the QKV product's output as it lies and writes the output projection's input,
+    cast to e4m3 in FP8, in one pass (head sizes 16, 32, 64, 128; SDPA for others).
     """
 
     def __init__(
         self, tanh_gelu: bool = True, fast_accum: bool = True, fused_ffn1: bool = False,
-        persistent_min_rows: int = PERSISTENT_MIN_ROWS,
+        persistent_min_rows: int = PERSISTENT_MIN_ROWS, fused_attention: bool = False,
     ) -> None:
         import triton
 
@@ -122,6 +141,7 @@ class TritonKernels:
         self.tanh_gelu = tanh_gelu
         self.fast_accum = fast_accum
         self.fused_ffn1 = fused_ffn1
+        self.fused_attention = fused_attention
         self.persistent_min_rows = persistent_min_rows
         self._t: Any = torch_triton
         self._triton: Any = triton
@@ -159,8 +179,23 @@ class TritonKernels:
         )
         return out
 
-    def attention(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, bias: torch.Tensor) -> torch.Tensor:
-        return F.scaled_dot_product_attention(q, k, v, attn_mask=bias)
+    def attention(self, qkv: torch.Tensor, bias: torch.Tensor, heads: int, qscale: float | None) -> torch.Tensor:
+        rows, hidden = qkv.shape[0], qkv.shape[-1] // 3
+        head_dim = hidden // heads
+        if not self.fused_attention or head_dim < 16 or head_dim & (head_dim - 1):  # the kernel's tile limits
+            att = sdpa_attention(qkv, bias, heads)
+            return att if qscale is None else self.quantize(att, qscale)
+        b, s = bias.shape
+        out = torch.empty((rows, hidden), dtype=FP8 if qscale is not None else qkv.dtype, device=qkv.device)
+
+        def grid(meta: dict[str, int]) -> tuple[int, int]:
+            return (triton_cdiv(s, meta["BM"]), b * heads)
+
+        self._t.attention[grid](
+            qkv, bias, out, s, 1 << (s - 1).bit_length(), heads, hidden, head_dim**-0.5, 1.0 / (qscale or 1.0),
+            HD=head_dim, QUANT=qscale is not None,
+        )
+        return out
 
     def linear_gelu(self, x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor) -> torch.Tensor:
         if self.tanh_gelu:

@@ -13,6 +13,11 @@
   order for L2 reuse, as in Triton's matrix-multiplication tutorials; both operands K-contiguous, which is the
   layout Hopper's FP8 tensor-core instructions take; tile shapes autotuned per size class. The first runs one
   tile per program (small M); the second is persistent and loads through TMA (large M).
+* ``attention``: multi-head self-attention with an additive key mask, read straight from the fused QKV
+  product's output and written straight in the layout the output projection reads, optionally cast to e4m3
+  for it: no permute copies and no cast pass. Online softmax over key blocks in exp2 (FlashAttention, Dao et
+  al. 2022, as in Triton's fused-attention tutorial); for BERT's short sequences one key block often holds
+  them all.
 """
 
 from __future__ import annotations
@@ -150,3 +155,51 @@ def fp8_gemm_gelu_persistent(a_ptr, b_ptr, bias_ptr, c_ptr, M, N, K, M_CLASS,  #
             acc = tl.dot(a, b.T, acc)
         v = _gelu_fp8(acc, bias_ptr, pid_n * BN + tl.arange(0, BN), N, ab_scale, inv_out_scale, TANH)
         c_desc.store([pid_m * BM, pid_n * BN], v.to(c_ptr.dtype.element_ty))
+
+
+# (BM, BN, stages, warps) for attention, tuned per power-of-two class of the sequence length and head size: the
+# fastest of 15 tile shapes somewhere among BERT-base, MiniLM and BERT-Large serving shapes on the H200
+# (``benchmarks/gpu_attention.py``, BENCHMARKS.md §10.2); TMA loads measured no faster.
+_ATTENTION_CONFIGS = [triton.Config({"BM": bm, "BN": bn}, num_stages=stages, num_warps=warps)
+                      for bm, bn, stages, warps in ((128, 64, 2, 4), (64, 64, 1, 4), (64, 64, 2, 4),
+                                                    (64, 32, 2, 4), (64, 128, 2, 4), (32, 128, 2, 4))]
+
+
+@triton.autotune(configs=_ATTENTION_CONFIGS, key=["S_CLASS", "HD"], cache_results=True)
+@triton.jit
+def attention(qkv_ptr, bias_ptr, out_ptr, S, S_CLASS, heads, hidden, sm_scale,  # type: ignore[no-untyped-def]
+              inv_out_scale, HD: tl.constexpr, QUANT: tl.constexpr, BM: tl.constexpr, BN: tl.constexpr):
+    """qkv [b·S, 3·hidden] (Q, K, V side by side, head h at columns h·HD of each), bias [b, S] added to every
+    query's score of that key, out [b·S, hidden]. Program (query block, batch × head)."""
+    bh = tl.program_id(1)
+    batch = bh // heads
+    head = bh % heads
+    first = batch.to(tl.int64) * S
+    stride = 3 * hidden
+    q_rows = tl.program_id(0) * BM + tl.arange(0, BM)
+    dims = tl.arange(0, HD)
+    q_mask = q_rows[:, None] < S
+    q = tl.load(qkv_ptr + (first + q_rows)[:, None] * stride + head * HD + dims[None, :], mask=q_mask, other=0.0)
+    m_i = tl.full([BM], float("-inf"), dtype=tl.float32)
+    l_i = tl.zeros([BM], dtype=tl.float32)
+    acc = tl.zeros([BM, HD], dtype=tl.float32)
+    qk_scale = sm_scale * 1.4426950408889634
+    for start in range(0, S, BN):
+        keys = start + tl.arange(0, BN)
+        k_valid = keys < S
+        k_ptrs = qkv_ptr + (first + keys)[:, None] * stride + hidden + head * HD + dims[None, :]
+        k = tl.load(k_ptrs, mask=k_valid[:, None], other=0.0)
+        bias = tl.load(bias_ptr + first + keys, mask=k_valid, other=float("-inf")).to(tl.float32)
+        scores = tl.dot(q, k.T) * qk_scale + bias[None, :] * 1.4426950408889634
+        m_new = tl.maximum(m_i, tl.max(scores, 1))
+        p = tl.exp2(scores - m_new[:, None])
+        alpha = tl.exp2(m_i - m_new)
+        l_i = l_i * alpha + tl.sum(p, 1)
+        v = tl.load(k_ptrs + hidden, mask=k_valid[:, None], other=0.0)
+        acc = tl.dot(p.to(v.dtype), v, acc * alpha[:, None])
+        m_i = m_new
+    o = acc / l_i[:, None]
+    if QUANT:
+        o = tl.minimum(tl.maximum(o * inv_out_scale, -448.0), 448.0)
+    o_ptrs = out_ptr + (first + q_rows)[:, None] * hidden + head * HD + dims[None, :]
+    tl.store(o_ptrs, o.to(out_ptr.dtype.element_ty), mask=q_mask)

@@ -161,6 +161,10 @@ def test_options_parse_and_validate() -> None:
         TorchCudaOptions.from_options({"fp8_margin": "big"})
     with pytest.raises(ValueError, match="fp8_fast_accum"):
         TorchCudaOptions.from_options({"fp8_fast_accum": "maybe"})
+    assert TorchCudaOptions().attention == "triton"
+    assert TorchCudaOptions.from_options({"attention": "sdpa"}).attention == "sdpa"
+    with pytest.raises(ValueError, match="attention must be one of sdpa, triton"):
+        TorchCudaOptions.from_options({"attention": "flash"})
 
 
 def test_check_inputs_names_each_problem() -> None:
@@ -325,12 +329,66 @@ def test_fused_fp8_ffn1_matches_reference(shape: tuple[int, int, int]) -> None:
     assert (fa - fb).norm() / fb.norm() < 3e-2
 
 
+def attention_problem(b: int, s: int, heads: int, head_dim: int, dtype, seed: int) -> tuple:
+    """A fused QKV output and a key bias with ragged padding; the last row fully padded when b > 1."""
+    g = torch.Generator(device="cuda").manual_seed(seed)
+    qkv = (torch.randn(b * s, 3 * heads * head_dim, device="cuda", generator=g) * 2).to(dtype)
+    lengths = torch.randint(1, s + 1, (b,), device="cuda", generator=g)
+    mask = (torch.arange(s, device="cuda")[None, :] < lengths[:, None]).to(dtype)
+    if b > 1:
+        mask[-1] = 0
+    return qkv, ((1.0 - mask) * -10000.0).contiguous()
+
+
+@gpu
+# BERT-base (12 × 64), MiniLM (12 × 32), BERT-Large at 384 tokens (16 × 64), the tiny test model (4 × 16);
+# lengths that are not multiples of any tile; one head size (48) the kernel does not take (SDPA then).
+@pytest.mark.parametrize("shape", [(4, 128, 12, 64), (3, 77, 12, 32), (2, 384, 16, 64), (5, 20, 4, 16),
+                                   (2, 9, 2, 48)])
+def test_fused_attention_matches_sdpa(shape: tuple[int, int, int, int]) -> None:
+    from fleetserve.engine.torch_kernels import TritonKernels
+
+    b, s, heads, head_dim = shape
+    fused, ref = TritonKernels(fused_attention=True), TorchKernels()
+    for dtype in (torch.float16, torch.bfloat16):
+        qkv, bias = attention_problem(b, s, heads, head_dim, dtype, seed=s)
+        got, want = fused.attention(qkv, bias, heads, None), ref.attention(qkv, bias, heads, None)
+        assert got.shape == (b * s, heads * head_dim) and got.dtype == dtype
+        torch.testing.assert_close(got.float(), want.float(), atol=2e-2, rtol=2e-2)
+        got_q = fused.attention(qkv, bias, heads, 0.01)
+        want_q = ref.attention(qkv, bias, heads, 0.01)
+        assert got_q.dtype == FP8
+        fa, fb = got_q.float(), want_q.float()
+        assert torch.isfinite(fa).all()
+        assert (fa - fb).norm() / fb.norm() < 3e-2
+
+
+@gpu
+def test_every_attention_tuning_choice_computes_the_same() -> None:
+    """Autotuning checks only speed: each tile shape of the attention kernel is run here and checked."""
+    import triton
+
+    from fleetserve.engine import torch_triton as tt
+
+    b, s, heads, head_dim = 3, 100, 12, 64
+    qkv, bias = attention_problem(b, s, heads, head_dim, torch.float16, seed=1)
+    want = TorchKernels().attention(qkv, bias, heads, None).float()
+    out = torch.empty((b * s, heads * head_dim), dtype=torch.float16, device="cuda")
+    for cfg in tt.attention.configs:
+        out.zero_()
+        grid = (triton.cdiv(s, cfg.kwargs["BM"]), b * heads)
+        tt.attention.fn[grid](qkv, bias, out, s, 128, heads, heads * head_dim, head_dim**-0.5, 1.0, HD=head_dim,
+                              QUANT=False, **cfg.kwargs, num_warps=cfg.num_warps, num_stages=cfg.num_stages)
+        torch.testing.assert_close(out.float(), want, atol=2e-2, rtol=2e-2, msg=str(cfg))
+
+
 @gpu
 @pytest.mark.parametrize(
     ("precision", "options"),
     [
         (Precision.FP16, {}), (Precision.BF16, {"gelu": "exact"}), (Precision.FP8, {}),
-        (Precision.FP8, {"ffn1": "cublas"}),
+        (Precision.FP8, {"ffn1": "cublas"}), (Precision.FP16, {"attention": "sdpa"}),
+        (Precision.FP8, {"attention": "sdpa"}),
     ],
 )
 def test_build_load_infer(model_dir: Path, tmp_path: Path, precision: Precision, options: dict[str, str]) -> None:
