@@ -7,7 +7,8 @@ mix, mean ~185 tokens), the weights are the zoo's seeded ``bert-large``.
 1. ``offline``: ``--samples`` sequences (10,833 = the SQuAD v1.1 dev features MLPerf uses), all available at
    once, as the offline scenario allows: sorted by length, cut into ``--max-batch`` batches, each padded to
    the nearest of ``--seq-buckets`` (one CUDA graph each), run by ``--instances`` engine instances fed by as
-   many threads. Samples/s over one timed pass after a warm-up pass, for each of ``--precisions``.
+   many threads. Samples/s over one timed pass after a warm-up pass, for each of ``--precisions``
+   (``precision[:option=value...]``, options of the torch-cuda backend, e.g. ``fp8:attention=triton``).
 2. ``server``: for each of ``--server-fleets`` (replicas x engine instances), that many ``fleetserve serve
    bert-large`` replicas (``--server-precision``) sharing the GPU behind ``fleetserve gateway``, each cutting
    batches at ``--server-seq-buckets`` (fewer than offline: online, each bucket is a queue of its own), and
@@ -126,7 +127,9 @@ def offline(cfg: RunConfig, precision: str) -> dict[str, Any]:
                            batch_buckets=(cfg.max_batch,))
     backend = TorchCudaBackend()
     with tempfile.TemporaryDirectory() as tmp:
-        spec = BuildSpec(cfg.model, Path(tmp) / "unused.onnx", Precision(precision), profile, "cuda:0")
+        name, *opts = precision.split(":")
+        spec = BuildSpec(cfg.model, Path(tmp) / "unused.onnx", Precision(name), profile, "cuda:0",
+                         options=dict(o.split("=", 1) for o in opts))
         t0 = time.perf_counter()
         report = backend.build(spec, Path(tmp))
         engine = backend.load(Path(tmp), profile)
@@ -263,7 +266,8 @@ def markdown(results: dict[str, Any]) -> str:
         if "error" in r:
             lines.append(f"| {r.get('precision')} | failed: {r['error'][-200:]} | | | | |")
             continue
-        ref = REFERENCES["offline"]["99% (INT8/FP8)" if r["precision"] in ("fp8", "int8") else "99.9% (FP16)"]
+        tier = "99% (INT8/FP8)" if r["precision"].split(":")[0] in ("fp8", "int8") else "99.9% (FP16)"
+        ref = REFERENCES["offline"][tier]
         cos = r["accuracy"].get("mean_cosine")
         lines.append(f"| {r['precision']} | {r['samples_per_s']:,.0f} | {r['mean_tokens']:.0f} | "
                      f"{100 * r['padding_overhead']:.0f}% | {'' if cos is None else f'{cos:.4f}'} | {ref:,} |")

@@ -130,9 +130,12 @@ def test_gpu_mlperf_plans_padded_batches_and_reports_against_mlperf() -> None:
                "p99_ms": 300.0}]
     assert gm.server_result(server, 130.0) == 999.0
     offline = [{"precision": "fp16", "samples_per_s": 8100.0, "mean_tokens": 185.0, "padding_overhead": 0.1,
-                "accuracy": {"mean_cosine": 0.9991}}, {"precision": "fp8", "error": "RuntimeError: no"}]
+                "accuracy": {"mean_cosine": 0.9991}}, {"precision": "fp8", "error": "RuntimeError: no"},
+               {"precision": "fp8:attention=triton", "samples_per_s": 9200.0, "mean_tokens": 185.0,
+                "padding_overhead": 0.1, "accuracy": {"mean_cosine": 0.992}}]
     text = gm.markdown({"gpu": "NVIDIA H200", "config": gm.asdict(cfg), "offline": offline, "server": server})
     assert "| fp16 | 8,100 | 185 | 10% | 0.9991 | 7,940 |" in text and "| fp8 | failed: RuntimeError: no" in text
+    assert "| fp8:attention=triton | 9,200 | 185 | 10% | 0.9920 | 9,081 |" in text  # an option keeps its tier
     assert "| 3 x 2 | 1,000 | 999 | 20.0 | 60.0 | 0 | yes |  |  |  |  |" in text
     assert "server result: 999 samples/s within the bound (MLPerf v4.0 one H100: 6,096)" in text
 
@@ -158,3 +161,15 @@ def test_gpu_ffn1_parses_shapes_and_marks_the_fastest_kernel() -> None:
     table = gf.render([{"m": 16384, "n": 3072, "k": 768,
                         "us": {"cuBLAS + pass": 119.8, "one tile per program": 105.8, "persistent TMA": 87.2}}])
     assert table.splitlines()[-1] == "| 16,384 × 3,072 × 768 | 119.8 | 105.8 | **87.2** |"
+
+
+def test_gpu_attention_parses_shapes_and_reports_the_fastest_tile() -> None:
+    ga = script("gpu_attention")
+    args = ga.parse_args(["--shapes", "128x128x12x64,64x384x16x64"])
+    assert args.shapes == ((128, 128, 12, 64), (64, 384, 16, 64))
+    for bad in ("128x128x12", "128by128"):
+        with pytest.raises(SystemExit):
+            ga.parse_args(["--shapes", bad])
+    table = ga.render([{"shape": [128, 128, 12, 64],
+                        "us": {"SDPA + cast": 60.0, "64x64/s2/w4": 45.0, "128x128/s2/w8": 42.0}}])
+    assert table.splitlines()[-1] == "| 128 × 128 × 12 × 64 | 60.0 | 42.0 | 128x128/s2/w8 | 0.70 |"
