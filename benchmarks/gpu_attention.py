@@ -3,7 +3,8 @@
 For each ``BATCHxSEQxHEADSxHEAD_DIM`` of ``--shapes`` (BERT-base, MiniLM and BERT-Large serving shapes): the
 time of self-attention from the fused QKV product's output to the output projection's e4m3 input, by
 (1) ``scaled_dot_product_attention`` (cuDNN on the H200) plus the Triton cast pass and (2) the Triton kernel
-with each of its tile shapes forced (autotuning picks the fastest of them at a replica's start); Triton's
+with each of its tile shapes forced (autotuning picks the fastest of them per batch-size and sequence-length
+class at a replica's start); Triton's
 ``do_bench`` (median µs). It is how the kernel's tile shapes were chosen. GPU only; prints a Markdown table
 and writes ``gpu_attention.json`` / ``gpu_attention.md`` to ``--out`` (default ``$OUT``).
 
@@ -76,12 +77,12 @@ def time_shape(b: int, s: int, heads: int, head_dim: int, rep_ms: float) -> dict
     sdpa = TritonKernels(fused_attention=False)
     us = {SDPA: do_bench(lambda: sdpa.attention(qkv, bias, heads, 0.01), warmup=20, rep=rep_ms) * 1000}
     for cfg in tt.attention.configs:
-        grid = (triton.cdiv(s, cfg.kwargs["BM"]), b * heads)
+        grid = (triton.cdiv(s, cfg.kwargs["BM"]) * b * heads,)
 
-        def run(cfg: Any = cfg, grid: tuple[int, int] = grid) -> None:
-            tt.attention.fn[grid](qkv, bias, result, s, 1 << (s - 1).bit_length(), heads, hidden, head_dim**-0.5,
-                                  100.0, HD=head_dim, QUANT=True, **cfg.kwargs, num_warps=cfg.num_warps,
-                                  num_stages=cfg.num_stages)
+        def run(cfg: Any = cfg, grid: tuple[int] = grid) -> None:
+            tt.attention.fn[grid](qkv, bias, result, s, 1 << (b - 1).bit_length(), 1 << (s - 1).bit_length(), heads,
+                                  hidden, head_dim**-0.5, 100.0, HD=head_dim, QUANT=True, **cfg.kwargs,
+                                  num_warps=cfg.num_warps, num_stages=cfg.num_stages)
 
         us[config_name(cfg)] = do_bench(run, warmup=20, rep=rep_ms) * 1000
     return us

@@ -17,7 +17,7 @@ half precision, the hardware tanh in FP8's GELU + cast pass; default) or ``exact
 on the H200, BENCHMARKS.md §10.2) or ``cublas`` (``_scaled_mm`` then a GELU+cast pass); ``attention`` =
 ``triton`` (one kernel from the QKV product's output to the output projection's input, FP8 cast included;
 default: faster than the other in every shape measured on the H200 but BERT-base fp16 at batch ≥ 128, where it
-is 1-2% slower, BENCHMARKS.md §10.2) or ``sdpa`` (PyTorch's ``scaled_dot_product_attention``, cuDNN on the
+is 0.2-2.4% slower, BENCHMARKS.md §10.2) or ``sdpa`` (PyTorch's ``scaled_dot_product_attention``, cuDNN on the
 H200); ``fp8_margin``
 (default 2); ``fp8_fast_accum`` = ``1``/``0`` (default 1).
 """
@@ -42,7 +42,7 @@ if TYPE_CHECKING:
     from fleetserve.engine.torch_encoder import Encoder, EncoderConfig
     from fleetserve.engine.torch_graphs import GraphInstance
 
-FORMAT = 2  # 2: the attention kernel is part of the artifact
+FORMAT = 2  # 2: the artifact records its attention option
 META, WEIGHTS = "encoder.json", "weights.pt"
 CALIBRATION_BATCH = 32
 ACCURACY_BATCH = 16

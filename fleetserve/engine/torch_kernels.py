@@ -26,6 +26,8 @@ FP8_MAX = 448.0  # largest finite e4m3fn value; casts beyond it give NaN, so eve
 # Rows from which the fused FP8 FFN1 runs persistent (H200, `benchmarks/gpu_ffn1.py`: 13-18% faster than one
 # tile per program from 16,384 rows in every width measured, in two of three at 8,192; BENCHMARKS.md §10.2).
 PERSISTENT_MIN_ROWS = 8192
+ATTENTION_HEAD_DIMS = (16, 32, 64, 128)  # head sizes the Triton attention takes (SDPA for the others)
+_HALF = (torch.float16, torch.bfloat16)
 
 
 @dataclass(frozen=True)
@@ -127,7 +129,7 @@ class TritonKernels:
     kernel from ``persistent_min_rows`` rows on, one tile per program below. Attention is PyTorch's SDPA with
     an additive mask (on the H200 it dispatches to cuDNN's fused flash kernel), or with ``fused_attention``
     a Triton kernel that reads the QKV product's output as it lies and writes the output projection's input,
-    cast to e4m3 in FP8, in one pass (head sizes 16, 32, 64, 128; SDPA for others).
+    cast to e4m3 in FP8, in one pass (fp16 and bf16, head sizes :data:`ATTENTION_HEAD_DIMS`; SDPA otherwise).
     """
 
     def __init__(
@@ -182,18 +184,20 @@ class TritonKernels:
     def attention(self, qkv: torch.Tensor, bias: torch.Tensor, heads: int, qscale: float | None) -> torch.Tensor:
         rows, hidden = qkv.shape[0], qkv.shape[-1] // 3
         head_dim = hidden // heads
-        if not self.fused_attention or head_dim < 16 or head_dim & (head_dim - 1):  # the kernel's tile limits
+        # float32 stays on SDPA: Triton's dot would take its inputs as TF32.
+        if not self.fused_attention or head_dim not in ATTENTION_HEAD_DIMS or qkv.dtype not in _HALF:
             att = sdpa_attention(qkv, bias, heads)
             return att if qscale is None else self.quantize(att, qscale)
+        qkv, bias = qkv.contiguous(), bias.contiguous()
         b, s = bias.shape
         out = torch.empty((rows, hidden), dtype=FP8 if qscale is not None else qkv.dtype, device=qkv.device)
 
-        def grid(meta: dict[str, int]) -> tuple[int, int]:
-            return (triton_cdiv(s, meta["BM"]), b * heads)
+        def grid(meta: dict[str, int]) -> tuple[int]:
+            return (triton_cdiv(s, meta["BM"]) * b * heads,)
 
         self._t.attention[grid](
-            qkv, bias, out, s, 1 << (s - 1).bit_length(), heads, hidden, head_dim**-0.5, 1.0 / (qscale or 1.0),
-            HD=head_dim, QUANT=qscale is not None,
+            qkv, bias, out, s, 1 << (b - 1).bit_length(), 1 << (s - 1).bit_length(), heads, hidden, head_dim**-0.5,
+            1.0 / (qscale or 1.0), HD=head_dim, QUANT=qscale is not None,
         )
         return out
 

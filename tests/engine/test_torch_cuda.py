@@ -329,7 +329,8 @@ def test_fused_fp8_ffn1_matches_reference(shape: tuple[int, int, int]) -> None:
     assert (fa - fb).norm() / fb.norm() < 3e-2
 
 
-def attention_problem(b: int, s: int, heads: int, head_dim: int, dtype, seed: int) -> tuple:
+def attention_problem(b: int, s: int, heads: int, head_dim: int, dtype: torch.dtype,
+                      seed: int) -> tuple[torch.Tensor, torch.Tensor]:
     """A fused QKV output and a key bias with ragged padding; the last row fully padded when b > 1."""
     g = torch.Generator(device="cuda").manual_seed(seed)
     qkv = (torch.randn(b * s, 3 * heads * head_dim, device="cuda", generator=g) * 2).to(dtype)
@@ -350,17 +351,30 @@ def test_fused_attention_matches_sdpa(shape: tuple[int, int, int, int]) -> None:
 
     b, s, heads, head_dim = shape
     fused, ref = TritonKernels(fused_attention=True), TorchKernels()
-    for dtype in (torch.float16, torch.bfloat16):
+    for dtype in (torch.float16, torch.bfloat16, torch.float32):  # float32: SDPA's, not TF32
         qkv, bias = attention_problem(b, s, heads, head_dim, dtype, seed=s)
         got, want = fused.attention(qkv, bias, heads, None), ref.attention(qkv, bias, heads, None)
         assert got.shape == (b * s, heads * head_dim) and got.dtype == dtype
-        torch.testing.assert_close(got.float(), want.float(), atol=2e-2, rtol=2e-2)
+        tolerance = 1e-5 if dtype == torch.float32 else 2e-2
+        torch.testing.assert_close(got.float(), want.float(), atol=tolerance, rtol=tolerance)
         got_q = fused.attention(qkv, bias, heads, 0.01)
         want_q = ref.attention(qkv, bias, heads, 0.01)
         assert got_q.dtype == FP8
         fa, fb = got_q.float(), want_q.float()
         assert torch.isfinite(fa).all()
         assert (fa - fb).norm() / fb.norm() < 3e-2
+
+
+@gpu
+def test_fused_attention_takes_more_than_65535_batch_heads() -> None:
+    """One program per (batch × head, query block) on one grid axis: CUDA caps a second axis at 65,535."""
+    from fleetserve.engine.torch_kernels import TritonKernels
+
+    b, s, heads, head_dim = 4200, 16, 16, 16
+    qkv, bias = attention_problem(b, s, heads, head_dim, torch.float16, seed=3)
+    got = TritonKernels(fused_attention=True).attention(qkv, bias, heads, None)
+    want = TorchKernels().attention(qkv, bias, heads, None)
+    torch.testing.assert_close(got.float(), want.float(), atol=2e-2, rtol=2e-2)
 
 
 @gpu
@@ -376,8 +390,8 @@ def test_every_attention_tuning_choice_computes_the_same() -> None:
     out = torch.empty((b * s, heads * head_dim), dtype=torch.float16, device="cuda")
     for cfg in tt.attention.configs:
         out.zero_()
-        grid = (triton.cdiv(s, cfg.kwargs["BM"]), b * heads)
-        tt.attention.fn[grid](qkv, bias, out, s, 128, heads, heads * head_dim, head_dim**-0.5, 1.0, HD=head_dim,
+        grid = (triton.cdiv(s, cfg.kwargs["BM"]) * b * heads,)
+        tt.attention.fn[grid](qkv, bias, out, s, 4, 128, heads, heads * head_dim, head_dim**-0.5, 1.0, HD=head_dim,
                               QUANT=False, **cfg.kwargs, num_warps=cfg.num_warps, num_stages=cfg.num_stages)
         torch.testing.assert_close(out.float(), want, atol=2e-2, rtol=2e-2, msg=str(cfg))
 
