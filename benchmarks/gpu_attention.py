@@ -3,10 +3,9 @@
 For each ``BATCHxSEQxHEADSxHEAD_DIM`` of ``--shapes`` (BERT-base, MiniLM and BERT-Large serving shapes): the
 time of self-attention from the fused QKV product's output to the output projection's e4m3 input, by
 (1) ``scaled_dot_product_attention`` (cuDNN on the H200) plus the Triton cast pass and (2) the Triton kernel
-with each of its tile shapes forced (autotuning picks the fastest of them per batch-size and sequence-length
-class at a replica's start); Triton's
-``do_bench`` (median µs). It is how the kernel's tile shapes were chosen. GPU only; prints a Markdown table
-and writes ``gpu_attention.json`` / ``gpu_attention.md`` to ``--out`` (default ``$OUT``).
+with each of its tile shapes forced (autotuning picks the fastest of them per sequence-length class at a
+replica's start); Triton's ``do_bench`` (median µs). It is how the kernel's tile shapes were chosen. GPU
+only; prints a Markdown table and writes ``gpu_attention.json`` / ``gpu_attention.md`` to ``--out`` (default ``$OUT``).
 
     python3 benchmarks/gpu_attention.py [--shapes 128x128x12x64,64x384x16x64] [--rep-ms 40]
 """
@@ -80,8 +79,8 @@ def time_shape(b: int, s: int, heads: int, head_dim: int, rep_ms: float) -> dict
         grid = (triton.cdiv(s, cfg.kwargs["BM"]) * b * heads,)
 
         def run(cfg: Any = cfg, grid: tuple[int] = grid) -> None:
-            tt.attention.fn[grid](qkv, bias, result, s, 1 << (b - 1).bit_length(), 1 << (s - 1).bit_length(), heads,
-                                  hidden, head_dim**-0.5, 100.0, HD=head_dim, QUANT=True, **cfg.kwargs,
+            tt.attention.fn[grid](qkv, bias, result, s, 1 << (s - 1).bit_length(), heads, hidden, head_dim**-0.5,
+                                  100.0, HD=head_dim, QUANT=True, **cfg.kwargs,
                                   num_warps=cfg.num_warps, num_stages=cfg.num_stages)
 
         us[config_name(cfg)] = do_bench(run, warmup=20, rep=rep_ms) * 1000

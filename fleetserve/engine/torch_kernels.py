@@ -196,8 +196,8 @@ class TritonKernels:
             return (triton_cdiv(s, meta["BM"]) * b * heads,)
 
         self._t.attention[grid](
-            qkv, bias, out, s, 1 << (b - 1).bit_length(), 1 << (s - 1).bit_length(), heads, hidden, head_dim**-0.5,
-            1.0 / (qscale or 1.0), HD=head_dim, QUANT=qscale is not None,
+            qkv, bias, out, s, 1 << (s - 1).bit_length(), heads, hidden, head_dim**-0.5, 1.0 / (qscale or 1.0),
+            HD=head_dim, QUANT=qscale is not None,
         )
         return out
 

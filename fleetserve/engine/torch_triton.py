@@ -157,18 +157,20 @@ def fp8_gemm_gelu_persistent(a_ptr, b_ptr, bias_ptr, c_ptr, M, N, K, M_CLASS,  #
         c_desc.store([pid_m * BM, pid_n * BN], v.to(c_ptr.dtype.element_ty))
 
 
-# (BM, BN, stages, warps) for attention, tuned per power-of-two class of the batch size and the sequence length
-# and per head size: the fastest of 15 tile shapes somewhere among BERT-base, MiniLM and BERT-Large serving
-# shapes on the H200 (``benchmarks/gpu_attention.py``, BENCHMARKS.md §10.2); TMA loads measured no faster.
+# (BM, BN, stages, warps) for attention, tuned per power-of-two class of the sequence length and per head size:
+# the fastest of 15 tile shapes somewhere among BERT-base, MiniLM and BERT-Large serving shapes on the H200
+# (``benchmarks/gpu_attention.py``, BENCHMARKS.md §10.2); TMA loads measured no faster. Not per batch size: a
+# graph ladder has up to eight classes of it, each another tuning at a cold start, and a key with it measured
+# no faster at batch 1-128 than the tile tuned at the largest batch (BENCHMARKS.md §10.2).
 _ATTENTION_CONFIGS = [triton.Config({"BM": bm, "BN": bn}, num_stages=stages, num_warps=warps)
                       for bm, bn, stages, warps in ((128, 64, 2, 4), (64, 64, 1, 4), (64, 64, 2, 4),
                                                     (64, 32, 2, 4), (64, 128, 2, 4), (32, 128, 2, 4))]
 
 
-@triton.autotune(configs=_ATTENTION_CONFIGS, key=["B_CLASS", "S_CLASS", "HD"], cache_results=True)
+@triton.autotune(configs=_ATTENTION_CONFIGS, key=["S_CLASS", "HD"], cache_results=True)
 @triton.jit
-def attention(qkv_ptr, bias_ptr, out_ptr, S, B_CLASS, S_CLASS, heads, hidden,  # type: ignore[no-untyped-def]
-              sm_scale, inv_out_scale, HD: tl.constexpr, QUANT: tl.constexpr, BM: tl.constexpr, BN: tl.constexpr):
+def attention(qkv_ptr, bias_ptr, out_ptr, S, S_CLASS, heads, hidden, sm_scale,  # type: ignore[no-untyped-def]
+              inv_out_scale, HD: tl.constexpr, QUANT: tl.constexpr, BM: tl.constexpr, BN: tl.constexpr):
     """qkv [b·S, 3·hidden] (Q, K, V side by side, head h at columns h·HD of each), bias [b, S] added to every
     query's score of that key, out [b·S, hidden]. One program per (batch × head, query block), the query
     blocks of one head next to each other (they share its K and V); a one-dimensional grid, since a second

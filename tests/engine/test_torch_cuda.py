@@ -391,7 +391,7 @@ def test_every_attention_tuning_choice_computes_the_same() -> None:
     for cfg in tt.attention.configs:
         out.zero_()
         grid = (triton.cdiv(s, cfg.kwargs["BM"]) * b * heads,)
-        tt.attention.fn[grid](qkv, bias, out, s, 4, 128, heads, heads * head_dim, head_dim**-0.5, 1.0, HD=head_dim,
+        tt.attention.fn[grid](qkv, bias, out, s, 128, heads, heads * head_dim, head_dim**-0.5, 1.0, HD=head_dim,
                               QUANT=False, **cfg.kwargs, num_warps=cfg.num_warps, num_stages=cfg.num_stages)
         torch.testing.assert_close(out.float(), want, atol=2e-2, rtol=2e-2, msg=str(cfg))
 
