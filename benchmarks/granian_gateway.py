@@ -35,7 +35,7 @@ from fleetserve.gateway.edge.guards import EdgeGuards
 from fleetserve.gateway.edge.jsonscan import JsonLimitExceeded, check_json_bounds
 from fleetserve.gateway.edge.rejection import Rejection
 from fleetserve.gateway.forward.core import Exchange, Forwarder, Outcome
-from fleetserve.gateway.forward.headers import _DROP_REQUEST, DROP_RESPONSE
+from fleetserve.gateway.forward.headers import DROP_REQUEST, DROP_RESPONSE
 from fleetserve.gateway.forward.http import HttpExchange, readiness_probe
 from fleetserve.gateway.forward.upstream import UpstreamPools, UpstreamResponse
 from fleetserve.gateway.metrics import NO_BACKEND, GatewayMetrics
@@ -119,7 +119,7 @@ class GranianGateway:
             except JsonLimitExceeded as exc:
                 return self._error(proto, 413 if exc.reason == "json_too_many_elements" else 400, str(exc)), NO_BACKEND
         rid = request_id(incoming.get("x-request-id"), self.ids)
-        headers = [(k, v) for k, v in incoming.items() if k not in _DROP_REQUEST]
+        headers = [(k, v) for k, v in incoming.items() if k not in DROP_REQUEST]
         headers.append((REQUEST_ID_HEADER, rid))
         if scope.client:
             headers.append(("X-Forwarded-For", scope.client.rpartition(":")[0] or scope.client))

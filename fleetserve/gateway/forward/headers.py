@@ -21,7 +21,7 @@ _HOP_BY_HOP = frozenset({
 })
 _SET_HERE = frozenset({"traceparent", "tracestate", "x-request-id", "x-forwarded-for", TIMEOUT_HEADER.lower(),
                        *(name.lower() for name in IDENTITY_HEADERS)})
-_DROP_REQUEST = _HOP_BY_HOP | _SET_HERE
+DROP_REQUEST = _HOP_BY_HOP | _SET_HERE
 DROP_RESPONSE = _HOP_BY_HOP | {"x-request-id"}
 
 
@@ -37,7 +37,7 @@ def forward_headers(request: web.Request, rid: str, ids: IdGenerator,
     """The headers to send on for ``request`` (whose request id is ``rid``), and the ``traceparent`` to send
     with them: ``traced`` (the request's span, when tracing is on), else the next hop of the caller's."""
     incoming = request.headers
-    drop = _DROP_REQUEST | _connection_tokens(incoming) if "Connection" in incoming else _DROP_REQUEST
+    drop = DROP_REQUEST | _connection_tokens(incoming) if "Connection" in incoming else DROP_REQUEST
     headers = [(k, v) for k, v in incoming.items() if k.lower() not in drop]
     parent = parse_traceparent(incoming.get("traceparent"))
     if traced is None:
