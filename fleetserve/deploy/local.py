@@ -9,6 +9,7 @@ answers its admin interface's ``/ready`` once its cluster has passed its first h
 
 from __future__ import annotations
 
+import collections
 import contextlib
 import json
 import os
@@ -49,26 +50,35 @@ def find_binary(name: str) -> str:
     return found
 
 
+_HANDED_OUT: collections.deque[int] = collections.deque(maxlen=1024)
+
+
 def free_port(host: str = "127.0.0.1") -> int:
-    with socket.socket() as s:
-        s.bind((host, 0))
-        return int(s.getsockname()[1])
+    """A port free now, for a listener started later: below the ephemeral range, as :func:`free_port_block`
+    picks them (one the kernel hands out for port 0 can go to an outgoing connection before the listener
+    binds it: a gRPC listener in the test suite failed that way)."""
+    return free_port_block(1, host)
 
 
 def free_port_block(count: int, host: str = "127.0.0.1") -> int:
     """The first of ``count`` consecutive free ports, below the kernel's ephemeral range so that no outgoing
     connection takes one of them before the process they are for binds it (``fleetserve up`` puts replica i on
-    BASE+2i and BASE+2i+1; a BASE from :func:`free_port` lies in the ephemeral range)."""
+    BASE+2i and BASE+2i+1). Ports this process was handed recently are not handed out again, since their
+    listeners may not have bound them yet."""
     low = int(Path("/proc/sys/net/ipv4/ip_local_port_range").read_text().split()[0])
     rng = random.Random()
     for _ in range(1000):
         base = rng.randrange(10_000, low - count)
+        ports = range(base, base + count)
+        if any(port in _HANDED_OUT for port in ports):
+            continue
         with contextlib.ExitStack() as stack:
             try:
-                for port in range(base, base + count):
+                for port in ports:
                     stack.enter_context(socket.socket()).bind((host, port))
             except OSError:
                 continue
+        _HANDED_OUT.extend(ports)
         return base
     raise RuntimeError(f"no {count} consecutive free ports below {low}")
 

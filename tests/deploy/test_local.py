@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from fleetserve.deploy.local import HaproxyProcess, NginxProcess, ProxyProcess
+from fleetserve.deploy.local import HaproxyProcess, NginxProcess, ProxyProcess, free_port, free_port_block
 from tests.support.httpthread import serving
 from tests.support.procs import Proc, replica
 from tests.support.waiting import until_sync
@@ -193,3 +193,11 @@ def test_an_oversized_body_is_refused_before_it_is_read(kind: type[ProxyProcess]
     finally:
         proxy.stop()
     assert status_line.split()[1] == b"413", status_line
+
+
+def test_free_ports_lie_below_the_ephemeral_range_and_are_not_handed_out_twice() -> None:
+    low = int(Path("/proc/sys/net/ipv4/ip_local_port_range").read_text().split()[0])
+    singles = [free_port() for _ in range(200)]
+    base = free_port_block(4)
+    handed = [*singles, *range(base, base + 4)]
+    assert len(set(handed)) == len(handed) and max(handed) < low
