@@ -8,6 +8,7 @@ Scripts run as ``python benchmarks/NAME.py``, which puts this folder on ``sys.pa
 from __future__ import annotations
 
 import contextlib
+import json
 import os
 import platform
 import signal
@@ -129,3 +130,11 @@ def markdown_table(head: Sequence[str], rows: Sequence[Sequence[str]], align: st
     cells = [align] * len(head) if isinstance(align, str) else list(align)
     lines = ["| " + " | ".join(head) + " |", "|" + "|".join(cells) + "|"]
     return "\n".join(lines + ["| " + " | ".join(row) + " |" for row in rows])
+
+
+def write_report(out: Path, name: str, rows: Any, table: str) -> None:
+    """``rows`` as ``NAME.json`` and ``table`` as ``NAME.md`` under ``out`` (created), and the table printed."""
+    out.mkdir(parents=True, exist_ok=True)
+    (out / f"{name}.json").write_text(json.dumps(rows, indent=1))
+    (out / f"{name}.md").write_text(table)
+    print(table)

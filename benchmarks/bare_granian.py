@@ -41,15 +41,21 @@ class Forward:
 app = Forward()
 
 
-if __name__ == "__main__":
+def serve(target: str, upstream_env: str, description: str) -> None:
+    """Parse ``--upstream/--host/--port`` and serve the RSGI app ``target`` (``module:attribute`` in this folder)
+    on Granian: one worker, one runtime thread, uvloop, HTTP/1; the upstream reaches the app in ``upstream_env``."""
     from granian import Granian
 
-    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap = argparse.ArgumentParser(description=description, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--upstream", required=True)
     ap.add_argument("--host", default="127.0.0.1")
     ap.add_argument("--port", type=int, required=True)
     args = ap.parse_args()
-    os.environ[UPSTREAM_ENV] = args.upstream
-    Granian("bare_granian:app", address=args.host, port=args.port, interface="rsgi", workers=1,  # type: ignore[arg-type]
+    os.environ[upstream_env] = args.upstream
+    Granian(target, address=args.host, port=args.port, interface="rsgi", workers=1,  # type: ignore[arg-type]
             runtime_threads=1, loop="uvloop", http="1", websockets=False, log_enabled=False,  # type: ignore[arg-type]
-            working_dir=Path(__file__).resolve().parent).serve()  # type: ignore[arg-type]
+            working_dir=Path(__file__).resolve().parent).serve()
+
+
+if __name__ == "__main__":
+    serve("bare_granian:app", UPSTREAM_ENV, __doc__)

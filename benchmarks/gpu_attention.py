@@ -13,10 +13,11 @@ only; prints a Markdown table and writes ``gpu_attention.json`` / ``gpu_attentio
 from __future__ import annotations
 
 import argparse
-import json
 import os
 from pathlib import Path
 from typing import Any
+
+from _common import write_report
 
 SDPA = "SDPA + cast"
 
@@ -98,11 +99,7 @@ def measure(args: argparse.Namespace) -> list[dict[str, Any]]:
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     rows = measure(args)
-    args.out.mkdir(parents=True, exist_ok=True)
-    (args.out / "gpu_attention.json").write_text(json.dumps(rows, indent=1))
-    table = render(rows)
-    (args.out / "gpu_attention.md").write_text(table)
-    print(table)
+    write_report(args.out, "gpu_attention", rows, render(rows))
     return 0
 
 

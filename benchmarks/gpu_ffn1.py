@@ -13,11 +13,12 @@ writes ``gpu_ffn1.json`` / ``gpu_ffn1.md`` to ``--out`` (default ``$OUT``).
 from __future__ import annotations
 
 import argparse
-import json
 import os
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
+
+from _common import write_report
 
 VARIANTS = ("cuBLAS + pass", "one tile per program", "persistent TMA")
 
@@ -82,11 +83,7 @@ def measure(args: argparse.Namespace) -> list[dict[str, Any]]:
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     rows = measure(args)
-    args.out.mkdir(parents=True, exist_ok=True)
-    (args.out / "gpu_ffn1.json").write_text(json.dumps(rows, indent=1))
-    table = render(rows)
-    (args.out / "gpu_ffn1.md").write_text(table)
-    print(table)
+    write_report(args.out, "gpu_ffn1", rows, render(rows))
     return 0
 
 

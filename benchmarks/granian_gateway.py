@@ -18,12 +18,12 @@ it beside the real gateway. Granian is not a dependency of fleetserve: ``pip ins
 
 from __future__ import annotations
 
-import argparse
 import asyncio
 import os
 import time
-from pathlib import Path
 from typing import Any, cast
+
+from bare_granian import serve
 
 from fleetserve.gateway.balance import Balancer, RequestContext
 from fleetserve.gateway.balance.discovery import Insert
@@ -156,14 +156,4 @@ app = GranianGateway()
 
 
 if __name__ == "__main__":
-    from granian import Granian
-
-    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--upstream", required=True)
-    ap.add_argument("--host", default="127.0.0.1")
-    ap.add_argument("--port", type=int, required=True)
-    args = ap.parse_args()
-    os.environ[UPSTREAM_ENV] = args.upstream
-    Granian("granian_gateway:app", address=args.host, port=args.port, interface="rsgi", workers=1,  # type: ignore[arg-type]
-            runtime_threads=1, loop="uvloop", http="1", websockets=False, log_enabled=False,  # type: ignore[arg-type]
-            working_dir=Path(__file__).resolve().parent).serve()
+    serve("granian_gateway:app", UPSTREAM_ENV, __doc__)
