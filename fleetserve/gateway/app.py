@@ -58,14 +58,15 @@ def build_app(config: GatewayConfig, forwarder: Forwarder, balancer: Balancer, p
               middlewares: Sequence[Middleware] = (),
               exposition: Callable[[], Awaitable[bytes]] | None = None,
               autoscaler: GatewayAutoscaler | None = None,
-              tracing: otel.Tracing | None = None) -> web.Application:
+              tracing: otel.Tracing | None = None, guarded: bool = True) -> web.Application:
     """The application: the tracing middleware outermost when ``tracing`` is on (so a request's span holds the
     guards' time), then ``guards``' middlewares, then ``middlewares``, then the routes. ``exposition`` answers
     ``/metrics`` (default: this process's metrics); ``autoscaler`` serves the autoscale routes (404/409
-    without one)."""
+    without one). ``guarded=False`` leaves the edge guards out: the Granian front ran them already and
+    reaches this application over loopback (:mod:`.forward.rsgi`)."""
     traced = () if tracing is None else (tracing_middleware(tracing),)
     app = web.Application(
-        middlewares=[*traced, *guards.middlewares, *middlewares, _json_errors(metrics, ids)],
+        middlewares=[*traced, *(guards.middlewares if guarded else ()), *middlewares, _json_errors(metrics, ids)],
         **app_kwargs(config.edge.limits),
     )
     forwarding = HttpForwarding(forwarder, pools, metrics, config, ids, tracing)

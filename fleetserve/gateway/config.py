@@ -17,6 +17,7 @@ body limit ``max_body_bytes`` (into ``edge.limits.max_body_bytes``) and the per-
 
 from __future__ import annotations
 
+import importlib.util
 from dataclasses import dataclass, field, replace
 
 from fleetserve.autoscale.config import AutoscaleConfig
@@ -27,10 +28,12 @@ from fleetserve.gateway.edge.config import EdgeConfig
 from fleetserve.gateway.forward.hedge import HedgeConfig
 from fleetserve.gateway.forward.upstream import PoolConfig
 from fleetserve.options import option, section
+from fleetserve.telemetry import otel
 from fleetserve.telemetry.access_log import AccessLogConfig
 from fleetserve.telemetry.otel import TracingConfig
 
 DISCOVERY_KINDS = ("static", "file", "dns", "actuator")
+SERVERS = ("aiohttp", "granian")
 
 
 def _port(name: str, value: int) -> None:
@@ -44,6 +47,8 @@ class GatewayConfig:
     port: int = option(8080, "HTTP port (0: any free port)")
     grpc_port: int = option(0, "gRPC port balancing KServe ModelInfer per call (0: no gRPC listener)")
     workers: int = option(1, "worker processes sharing the port through SO_REUSEPORT")
+    server: str = option("aiohttp", "HTTP server of the public port (granian: Rust HTTP, less CPU per request; "
+                         "needs the fast extra; no --otlp-endpoint)", choices=SERVERS)
     backends: tuple[str, ...] = option((), "a replica, repeatable (static discovery), e.g. http://10.0.0.5:8000=2",
                                        flag="--backend", metavar="URL[=WEIGHT]")
     discovery: str = option("static", "where the backends come from (actuator: PUT /gateway/autoscale/members "
@@ -90,6 +95,13 @@ class GatewayConfig:
             raise ValueError(f"workers must be >= 1, got {self.workers}")
         if self.workers > 1 and self.port == 0:
             raise ValueError("workers > 1 share one port through SO_REUSEPORT: give an explicit --port")
+        if self.server not in SERVERS:
+            raise ValueError(f"server must be one of {', '.join(SERVERS)}, got {self.server!r}")
+        if self.server == "granian" and importlib.util.find_spec("granian") is None:
+            raise ValueError("--server granian needs Granian: pip install 'fleetserve[fast]' (or granian)")
+        if self.server == "granian" and otel.enabled(self.tracing):
+            raise ValueError("--server granian does not trace requests: leave out --otlp-endpoint (and "
+                             "OTEL_EXPORTER_OTLP_*), or use --server aiohttp")
         if self.discovery not in DISCOVERY_KINDS:
             raise ValueError(f"discovery must be one of {', '.join(DISCOVERY_KINDS)}, got {self.discovery!r}")
         if self.discovery == "static" and not self.backends:

@@ -34,13 +34,15 @@ from fleetserve.gateway.balance.health import run_health_checks
 from fleetserve.gateway.balance.observer import Observers
 from fleetserve.gateway.config import GatewayConfig
 from fleetserve.gateway.edge import server_kwargs
+from fleetserve.gateway.edge.granian import GranianListener
 from fleetserve.gateway.edge.guards import EdgeGuards
 from fleetserve.gateway.edge.listen import guarded_site, start_grpc_server
 from fleetserve.gateway.forward.channels import GrpcChannels
 from fleetserve.gateway.forward.core import Forwarder
 from fleetserve.gateway.forward.grpc import GrpcForwarding
 from fleetserve.gateway.forward.http import readiness_probe
-from fleetserve.gateway.forward.upstream import UpstreamPools
+from fleetserve.gateway.forward.rsgi import RsgiFront
+from fleetserve.gateway.forward.upstream import UpstreamPool, UpstreamPools
 from fleetserve.gateway.metrics import GatewayMetrics
 from fleetserve.telemetry import otel
 from fleetserve.telemetry.access_log import AccessLog
@@ -114,6 +116,8 @@ async def serve_gateway(
     ``discovery`` replaces the one ``config`` describes (tests feed events through it); ``workers`` makes
     this one worker of several, whose ``/metrics`` reports them all (:mod:`fleetserve.telemetry.scrape`).
     """
+    if middlewares is not None and config.server != "aiohttp":
+        raise ValueError(f"extra aiohttp middlewares need the aiohttp server, not {config.server}")
     metrics = GatewayMetrics()
     observers = Observers(metrics)
     balancer = Balancer(config.balancer, clock=clock, rng=rng, observer=observers)
@@ -145,6 +149,8 @@ async def serve_gateway(
     lines = AccessLog.create(config.access_log)
     runner: web.AppRunner | None = None
     grpc_server: grpc.aio.Server | None = None
+    listener: GranianListener | None = None
+    local: UpstreamPool | None = None
     scrape = None if workers is None else WorkerScrape(workers, metrics.render)
     try:
         if scrape is not None:
@@ -159,20 +165,33 @@ async def serve_gateway(
                               holds=None if autoscaler is None else autoscaler.holds)
         ids = IdGenerator()
         extra = middlewares(metrics.registry) if middlewares else ()
+        granian = config.server == "granian"
         app = build_app(config, forwarder, balancer, upstreams, metrics, guards, ids, extra,
-                        None if scrape is None else scrape.render, autoscaler, tracing)
+                        None if scrape is None else scrape.render, autoscaler, tracing, guarded=not granian)
         # handler_cancellation: a client that hangs up cancels its request's task, and with it the attempt
         # in flight, whose upstream connection closes, so the replica sees the disconnect too.
         runner = web.AppRunner(app, access_log_class=access.access_logger(metrics, lines), access_log=access.LOGGER,
                                handle_signals=False, shutdown_timeout=SHUTDOWN_GRACE_S,
                                handler_cancellation=True, **server_kwargs(config.edge.limits))
         await runner.setup()
-        site = guarded_site(runner, config.host, config.port, guards.limits, guards.observer, reuse_port=reuse_port)
-        await site.start()
-        port = int(runner.addresses[0][1])
+        if granian:
+            # aiohttp serves the gateway's own routes on loopback, behind the Granian front.
+            site: web.BaseSite = web.TCPSite(runner, "127.0.0.1", 0)
+            await site.start()
+            local = UpstreamPool(f"http://127.0.0.1:{runner.addresses[0][1]}", config.upstream)
+            front = RsgiFront(forwarder, upstreams, metrics, guards.calls, guards.observer, guards.limits, ids,
+                              lines, local, default_timeout_s=config.request_timeout_ms / 1000.0,
+                              max_timeout_ms=config.max_request_timeout_ms)
+            listener = await GranianListener.start(front, config.host, config.port, guards.limits)
+            port = listener.port
+        else:
+            site = guarded_site(runner, config.host, config.port, guards.limits, guards.observer,
+                                reuse_port=reuse_port)
+            await site.start()
+            port = int(runner.addresses[0][1])
         grpc_port: int | None = None
         if config.grpc_port:
-            handler = GrpcForwarding(forwarder, balancer, guards.grpc, metrics, channels,
+            handler = GrpcForwarding(forwarder, balancer, guards.calls, metrics, channels,
                                      default_timeout_s=config.request_timeout_ms / 1000.0,
                                      max_timeout_s=config.max_request_timeout_ms / 1000.0, ids=ids,
                                      tracing=tracing, access=lines)
@@ -185,6 +204,10 @@ async def serve_gateway(
         await asyncio.gather(*tasks, return_exceptions=True)
         if grpc_server is not None:
             await grpc_server.stop(SHUTDOWN_GRACE_S)
+        if listener is not None:
+            await listener.stop(SHUTDOWN_GRACE_S)
+        if local is not None:
+            await local.close()
         if runner is not None:
             await runner.cleanup()
         await upstreams.close()

@@ -76,10 +76,12 @@ async def test_metrics_text_has_every_gateway_metric(replicas: StartReplicas, ga
 async def test_readyz_waits_for_a_healthy_backend_then_stays_ready(replicas: StartReplicas, gateway: StartGateway,
                                                                    client: aiohttp.ClientSession) -> None:
     (replica,) = await replicas(1)
+    replica.mode = "unready"
     gw = await gateway([replica.url], health_checks=True)  # backends start unknown until probed
     async with client.get(gw.url + "/readyz") as res:
         assert res.status == 503 and res.headers["Retry-After"] == "1"
         assert "health checks" in (await res.json())["status"]
+    replica.mode = "ok"
     for ep in gw.balancer.endpoints():
         for _ in range(gw.config.balancer.healthy_threshold):
             gw.balancer.set_probe_result(ep, True)

@@ -81,7 +81,7 @@ def _guards(registry: CollectorRegistry) -> Sequence[Middleware]:
 async def test_edge_middlewares_wrap_every_route_outermost_first(replicas: StartReplicas, gateway: StartGateway,
                                                                   client: aiohttp.ClientSession) -> None:
     (replica,) = await replicas(1)
-    gw = await gateway([replica.url], middlewares=_guards)
+    gw = await gateway([replica.url], middlewares=_guards, server="aiohttp")  # aiohttp middlewares
     async with client.post(gw.url + "/v2/models/m/infer", data=b"{}") as res:
         assert res.status == 200
         assert res.headers["X-Order"] == "outer,inner"

@@ -21,7 +21,7 @@ import pytest
 from fleetserve import cli
 from fleetserve.gateway.balance import BalancerConfig
 from fleetserve.gateway.command import GatewayOptions
-from fleetserve.gateway.config import GatewayConfig
+from fleetserve.gateway.config import SERVERS, GatewayConfig
 from fleetserve.gateway.server import serve_gateway
 from tests.support.fake_replica import FakeReplica
 from tests.support.gateways import StartGateway, gateway_config
@@ -120,14 +120,14 @@ def test_cli_errors_name_the_problem(argv: tuple[str, ...], message: str) -> Non
 
 
 
-@pytest.fixture
-def spawn() -> Iterator[Callable[..., subprocess.Popen[str]]]:
-    """Start ``fleetserve gateway`` processes; kill any left at the end."""
+@pytest.fixture(params=SERVERS)
+def spawn(request: pytest.FixtureRequest) -> Iterator[Callable[..., subprocess.Popen[str]]]:
+    """Start ``fleetserve gateway`` processes, on each public server in turn; kill any left at the end."""
     started: list[subprocess.Popen[str]] = []
 
     def start(*argv: str) -> subprocess.Popen[str]:
-        proc = subprocess.Popen([sys.executable, "-m", "fleetserve.cli", "gateway", *argv], stdout=subprocess.PIPE,
-                                stderr=subprocess.STDOUT, text=True)
+        proc = subprocess.Popen([sys.executable, "-m", "fleetserve.cli", "gateway", "--server", request.param, *argv],
+                                stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
         started.append(proc)
         return proc
 

@@ -7,6 +7,7 @@ import json
 from dataclasses import dataclass, field
 
 from aiohttp import web
+from multidict import CIMultiDict
 
 from fleetserve.wire import LOAD_REPORT_HEADER, encode_load_report
 
@@ -26,14 +27,14 @@ class FakeReplica:
     inflight: int = 0  # rows reported running besides the answered request (which is done when it answers)
     delay_s: float = 0.0
     hits: int = 0
-    last_headers: dict[str, str] = field(default_factory=dict)
+    last_headers: CIMultiDict[str] = field(default_factory=CIMultiDict)  # names are case-insensitive
     last_body: bytes = b""
     url: str = ""
     runner: web.AppRunner | None = None
 
     async def _infer(self, request: web.Request) -> web.StreamResponse:
         self.hits += 1
-        self.last_headers = dict(request.headers)
+        self.last_headers = CIMultiDict(request.headers)
         self.last_body = await request.read()
         load = {LOAD_REPORT_HEADER: encode_load_report(self.queue_depth, self.inflight)}
         if self.mode == "hang":

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 from collections.abc import Awaitable, Callable, Sequence
 from typing import Any
 
@@ -12,10 +13,15 @@ from fleetserve.gateway.server import GatewayHandle
 StartGateway = Callable[..., Awaitable[GatewayHandle]]
 
 
+# The public server of every in-process test gateway (``make test-granian`` runs the gateway tests on Granian).
+SERVER_ENV = "FLEETSERVE_TEST_GATEWAY_SERVER"
+
+
 def gateway_config(backends: Sequence[str], **overrides: Any) -> GatewayConfig:
     """A test gateway on a free port; health checks off unless asked for (tests drive the state)."""
     balancer = overrides.pop("balancer", None) or BalancerConfig()
     settings: dict[str, Any] = {"host": "127.0.0.1", "port": 0, "backends": tuple(backends),
-                                "health_checks": False, "balancer": balancer}
+                                "health_checks": False, "balancer": balancer,
+                                "server": os.environ.get(SERVER_ENV, "aiohttp")}
     settings.update(overrides)
     return GatewayConfig(**settings)

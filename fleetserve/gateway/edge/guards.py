@@ -1,5 +1,5 @@
 """The edge guards of one gateway (worker), built once from ``GatewayConfig.edge`` and shared by the HTTP
-app, the gRPC listener (:mod:`.grpc`), the forwarding core and the listeners.
+app, the gRPC and Granian listeners (:mod:`.calls`), the forwarding core and the listeners.
 
 :meth:`EdgeGuards.create` builds the middleware list (:func:`~fleetserve.gateway.edge.build_middlewares`),
 the rejection counter ``fleetserve_gateway_rejected_total{reason}``, and the gauge
@@ -27,7 +27,7 @@ from fleetserve.gateway.edge import (
     build_middlewares,
 )
 from fleetserve.gateway.edge.adaptive_guard import AdaptiveConcurrencyGauges, AdaptiveConcurrencyMiddleware
-from fleetserve.gateway.edge.grpc import GrpcGuards
+from fleetserve.gateway.edge.calls import RequestGuards
 from fleetserve.gateway.edge.ratelimit import RateLimiter, RateLimitMiddleware
 from fleetserve.wire import retry_after
 
@@ -57,7 +57,7 @@ class EdgeGuards:
     """What the gateway's parts need from the edge configuration."""
 
     middlewares: tuple[Middleware, ...]
-    grpc: GrpcGuards  # the same guards, for the gRPC listener
+    calls: RequestGuards  # the same guards one request at a time, for the gRPC and Granian listeners
     observer: RejectionObserver
     limits: InputLimits
     # The Retry-After of overload answers (every replica at its in-flight cap).
@@ -81,7 +81,7 @@ class EdgeGuards:
         shedding = edge.shedding
         return cls(
             middlewares=tuple(middlewares),
-            grpc=GrpcGuards(middlewares),
+            calls=RequestGuards(middlewares),
             observer=observer,
             limits=edge.limits,
             retry_after=retry_after(1.0 if shedding is None else shedding.retry_after_s),

@@ -1,15 +1,14 @@
 """gRPC forwarding: KServe v2 ``inference.GRPCInferenceService/*`` calls balanced one by one.
 
-An L4 balancer spreads HTTP/2 *connections*, and a gRPC client keeps one connection for all its calls, so
-one busy client would pin one replica. Here every unary call is a request of its own: a generic handler
-receives it as raw bytes (identity (de)serializers, no protobuf decoding), the edge guards admit it
-(:mod:`fleetserve.gateway.edge.grpc`: shedding, JWT from the ``authorization`` metadata, rate limits), and
-the forwarding core (:mod:`.core`) carries it over one long-lived channel per replica (:mod:`.channels`)
-with everything HTTP requests get: per-replica caps, retries within the retry budget (a call that reached
-no replica retried without it), hedging of ``ModelInfer``, and the client's deadline (``grpc-timeout``, else
-the configured default) bounding the whole, what is left of it going to the replica as its call's
-deadline. A replica's ``UNAVAILABLE`` is retried like an HTTP 503; a client that cancels its call cancels the
-call to the replica.
+An L4 balancer spreads HTTP/2 *connections*, and a gRPC client keeps one connection for all its calls, so one busy
+client would pin one replica. Here every unary call is a request of its own: a generic handler receives it as raw
+bytes (identity (de)serializers, no protobuf decoding), the edge guards admit it
+(:mod:`fleetserve.gateway.edge.calls`: shedding, JWT from the ``authorization`` metadata, rate limits), and the
+forwarding core (:mod:`.core`) carries it over one long-lived channel per replica (:mod:`.channels`) with
+everything HTTP requests get: per-replica caps, retries within the retry budget (a call that reached no replica
+retried without it), hedging of ``ModelInfer``, and the client's deadline (``grpc-timeout``, else the configured
+default) bounding the whole, what is left of it going to the replica as its call's deadline. A replica's
+``UNAVAILABLE`` is retried like an HTTP 503; a client that cancels its call cancels the call to the replica.
 
 The bidirectional ``ModelStreamInfer`` is admitted by the same guards and pinned to one replica per stream:
 a stream is not a request-sized unit of load, so it is placed by the policy but neither tracked by the
@@ -26,7 +25,8 @@ import grpc
 import grpc.aio
 
 from fleetserve.gateway.balance import Balancer, Endpoint, RequestContext
-from fleetserve.gateway.edge.grpc import GrpcGuards, grpc_status
+from fleetserve.gateway.edge.calls import RequestGuards
+from fleetserve.gateway.edge.grpc import grpc_status, peer_address
 from fleetserve.gateway.edge.identity import Identity, headers_of
 from fleetserve.gateway.edge.rejection import Rejection
 from fleetserve.gateway.forward.channels import GrpcChannels
@@ -113,7 +113,7 @@ class GrpcExchange:
 class GrpcForwarding(grpc.GenericRpcHandler):
     """The generic handler of the gRPC listener (:func:`fleetserve.gateway.edge.listen.start_grpc_server`)."""
 
-    def __init__(self, forwarder: Forwarder, balancer: Balancer, guards: GrpcGuards, metrics: GatewayMetrics,
+    def __init__(self, forwarder: Forwarder, balancer: Balancer, guards: RequestGuards, metrics: GatewayMetrics,
                  channels: GrpcChannels, *, default_timeout_s: float, max_timeout_s: float,
                  ids: IdGenerator | None = None, tracing: otel.Tracing | None = None,
                  access: AccessLog | None = None) -> None:
@@ -168,7 +168,7 @@ class GrpcForwarding(grpc.GenericRpcHandler):
         metadata, text, forwarded, rid, traceparent = self._metadata(context, traced)
         if not self._guards.checking:
             return metadata, text, rid, traceparent
-        admitted = await self._guards.admit(method, text, forwarded, context.peer())
+        admitted = await self._guards.admit(method, text, forwarded, peer_address(context.peer()))
         if isinstance(admitted, Rejection):
             await _refuse(context, admitted)
         if isinstance(admitted, Identity):

@@ -8,9 +8,6 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 
-from aiohttp import web
-
-from fleetserve.gateway.edge import identity_headers
 from fleetserve.telemetry import logs
 from fleetserve.telemetry.tracing import IdGenerator, next_hop, parse_traceparent
 from fleetserve.wire import IDENTITY_HEADERS, REQUEST_ID_HEADER, TIMEOUT_HEADER
@@ -25,19 +22,18 @@ DROP_REQUEST = _HOP_BY_HOP | _SET_HERE
 DROP_RESPONSE = _HOP_BY_HOP | {"x-request-id"}
 
 
-def _connection_tokens(headers: Mapping[str, str]) -> frozenset[str]:
-    value = headers.get("Connection")
-    if not value:
-        return frozenset()
+def _connection_tokens(value: str) -> frozenset[str]:
     return frozenset(token.strip().lower() for token in value.split(","))
 
 
-def forward_headers(request: web.Request, rid: str, ids: IdGenerator,
-                    traced: str | None = None) -> tuple[list[tuple[str, str]], str]:
-    """The headers to send on for ``request`` (whose request id is ``rid``), and the ``traceparent`` to send
-    with them: ``traced`` (the request's span, when tracing is on), else the next hop of the caller's."""
-    incoming = request.headers
-    drop = DROP_REQUEST | _connection_tokens(incoming) if "Connection" in incoming else DROP_REQUEST
+def forward_headers(incoming: Mapping[str, str], rid: str, ids: IdGenerator, traced: str | None,
+                    identity: Mapping[str, str], peer: str | None) -> tuple[list[tuple[str, str]], str]:
+    """The headers to send on for a request with headers ``incoming`` (looked up by lowercase name), request
+    id ``rid``, verified caller ``identity`` (its headers; empty when anonymous) and client address ``peer``,
+    and the ``traceparent`` to send with them: ``traced`` (the request's span, when tracing is on), else the
+    next hop of the caller's."""
+    connection = incoming.get("connection")
+    drop = DROP_REQUEST | _connection_tokens(connection) if connection else DROP_REQUEST
     headers = [(k, v) for k, v in incoming.items() if k.lower() not in drop]
     parent = parse_traceparent(incoming.get("traceparent"))
     if traced is None:
@@ -48,9 +44,8 @@ def forward_headers(request: web.Request, rid: str, ids: IdGenerator,
     if parent is not None and state:
         headers.append(("tracestate", state))
     headers.append((REQUEST_ID_HEADER, rid))
-    headers.extend(identity_headers(request).items())
-    peer = request.remote
+    headers.extend(identity.items())
     if peer:
-        prior = incoming.get("X-Forwarded-For")
+        prior = incoming.get("x-forwarded-for")
         headers.append(("X-Forwarded-For", f"{prior}, {peer}" if prior else peer))
     return headers, traced

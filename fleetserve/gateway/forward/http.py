@@ -13,7 +13,9 @@ started (a 502), never. A cancelled attempt (client gone, hedge lost) closes its
 
 from __future__ import annotations
 
+from abc import ABC, abstractmethod
 from collections.abc import Awaitable
+from typing import Generic, TypeVar
 
 from aiohttp import web
 from multidict import CIMultiDict
@@ -22,6 +24,7 @@ from fleetserve.gateway.access import ATTEMPTS_KEY, BACKEND_KEY, SPAN_KEY
 from fleetserve.gateway.balance import Endpoint, RequestContext
 from fleetserve.gateway.balance.health import Probe
 from fleetserve.gateway.config import GatewayConfig
+from fleetserve.gateway.edge import identity_headers
 from fleetserve.gateway.forward.core import Forwarder, Outcome
 from fleetserve.gateway.forward.headers import DROP_RESPONSE, forward_headers
 from fleetserve.gateway.forward.upstream import (
@@ -40,10 +43,13 @@ from fleetserve.telemetry.tracing import IdGenerator, request_id
 from fleetserve.wire import LOAD_REPORT_HEADER, REQUEST_ID_HEADER, RETRY_AFTER, TIMEOUT_HEADER, error_response
 
 READY_PATH = "/v2/health/ready"
+_LOAD_REPORT = LOAD_REPORT_HEADER.lower()
+A = TypeVar("A")
 
 
-class HttpExchange:
-    """One client request as the forwarding core carries it over the upstream pools."""
+class UpstreamExchange(ABC, Generic[A]):
+    """One client request as the forwarding core carries it over the upstream pools; a front's subclass says
+    what an answer is in its server's terms (:meth:`_answer`)."""
 
     __slots__ = ("_body", "_headers", "_method", "_pools", "_target", "_traceparent", "sends")
 
@@ -64,13 +70,18 @@ class HttpExchange:
                    (TIMEOUT_HEADER, str(max(1, int(timeout_s * 1000))))]
         return self._pools.get(ep.url).request(self._method, self._target, headers, self._body, timeout_s=timeout_s)
 
-    def answered(self, ep: Endpoint, reply: UpstreamResponse) -> Outcome[web.Response]:
-        status = reply.status
-        headers = CIMultiDict((k, v) for k, v in reply.headers if k.lower() not in DROP_RESPONSE)
-        return Outcome(status, web.Response(status=status, body=reply.body, headers=headers), backend=ep.url,
-                       verdict=status, retryable=status == 503, report=headers.get(LOAD_REPORT_HEADER))
+    @abstractmethod
+    def _answer(self, status: int, headers: list[tuple[str, str]], body: bytes) -> A:
+        """The response to send the client."""
 
-    def failed(self, ep: Endpoint, error: Exception) -> Outcome[web.Response]:
+    def answered(self, ep: Endpoint, reply: UpstreamResponse) -> Outcome[A]:
+        status = reply.status
+        headers = [(k, v) for k, v in reply.headers if k.lower() not in DROP_RESPONSE]
+        report = next((v for k, v in headers if k.lower() == _LOAD_REPORT), None)
+        return Outcome(status, self._answer(status, headers, reply.body), backend=ep.url, verdict=status,
+                       retryable=status == 503, report=report)
+
+    def failed(self, ep: Endpoint, error: Exception) -> Outcome[A]:
         message = str(error)
         if isinstance(error, ConnectError):  # before UpstreamTimeout: a connect timeout sent nothing
             return Outcome(502, failure=message, backend=ep.url, connect_error=True, retryable=True, sent=False)
@@ -85,6 +96,30 @@ class HttpExchange:
         if isinstance(error, ValueError):  # a request target or header the pool refuses to put on the wire
             return Outcome(400, failure=message)
         raise error
+
+
+class HttpExchange(UpstreamExchange[web.Response]):
+    """The exchange of the aiohttp front: answers are ``web.Response``."""
+
+    __slots__ = ()
+
+    def _answer(self, status: int, headers: list[tuple[str, str]], body: bytes) -> web.Response:
+        return web.Response(status=status, body=body, headers=CIMultiDict(headers))
+
+
+def timeout_of(header: str | None, default_s: float, max_ms: int) -> float:
+    """The request's deadline in seconds from its ``X-Fleetserve-Timeout-Ms`` (``default_s`` without one);
+    ValueError naming the header when it is not a whole number of milliseconds in 1..``max_ms``."""
+    if header is None:
+        return default_s
+    try:
+        value = int(header.strip())
+    except ValueError:
+        value = 0
+    if not 1 <= value <= max_ms:
+        raise ValueError(f"{TIMEOUT_HEADER} must be a whole number of milliseconds in 1..{max_ms}, "
+                         f"got {header[:32]!r}")
+    return value / 1000.0
 
 
 class HttpForwarding:
@@ -111,31 +146,20 @@ class HttpForwarding:
         metrics.observe_request(backend, response.status)
         return response
 
-    def _timeout_s(self, header: str | None) -> float:
-        if header is None:
-            return self._default_timeout_s
-        limit = self._max_timeout_ms
-        try:
-            value = int(header.strip())
-        except ValueError:
-            value = 0
-        if not 1 <= value <= limit:
-            raise ValueError(f"{TIMEOUT_HEADER} must be a whole number of milliseconds in 1..{limit}, "
-                             f"got {header[:32]!r}")
-        return value / 1000.0
-
     async def _handle(self, request: web.Request) -> tuple[web.Response, str]:
         rid = request_id(request.headers.get(REQUEST_ID_HEADER), self._ids)
         try:
-            timeout_s = self._timeout_s(request.headers.get(TIMEOUT_HEADER))
+            timeout_s = timeout_of(request.headers.get(TIMEOUT_HEADER), self._default_timeout_s,
+                                   self._max_timeout_ms)
         except ValueError as exc:
             return error_response(400, str(exc), {REQUEST_ID_HEADER: rid}), NO_BACKEND
         forwarder = self._forwarder
         deadline = forwarder.clock() + timeout_s
         body = await request.read()  # already read and bounded by the edge's body limits: no I/O here
         span = None if self._tracing is None else request.get(SPAN_KEY)
-        headers, traceparent = forward_headers(request, rid, self._ids,
-                                               None if span is None else otel.traceparent(span))
+        headers, traceparent = forward_headers(request.headers, rid, self._ids,
+                                               None if span is None else otel.traceparent(span),
+                                               identity_headers(request), request.remote)
         ctx = RequestContext(request.method, request.path, len(body), request.headers, rid)
         exchange = HttpExchange(self._pools, request.method, request.raw_path, headers, body, traceparent)
         spans = ForwardSpans.of(self._tracing, span, self._policy, "http", request.method)

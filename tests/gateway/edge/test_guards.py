@@ -90,5 +90,6 @@ async def test_workers_listen_through_the_guard_on_a_shared_port(replicas: Start
             reader, writer = await asyncio.open_connection("127.0.0.1", first.port)
             writer.write(b"POST /inference HTTP/1.1\r\nHost: gw\r\nX-Slow")
             answer = await asyncio.wait_for(reader.read(), timeout=5)
-            assert answer.startswith(b"HTTP/1.1 408"), answer
+            # Granian (hyper) closes a connection whose head is late without answering it.
+            assert answer.startswith(b"HTTP/1.1 408") or (config.server == "granian" and answer == b""), answer
             writer.close()

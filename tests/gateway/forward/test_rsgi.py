@@ -1,0 +1,125 @@
+"""The gateway's public port on Granian (``--server granian``): what the RSGI front does itself — input limits,
+the loopback hop to the gateway's own routes, headers — with real Granian and fake replicas.
+
+Everything else the gateway does is the same code on both servers; ``make test`` runs the whole gateway suite a
+second time on Granian (``FLEETSERVE_TEST_GATEWAY_SERVER=granian``).
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import AsyncIterator, Awaitable, Callable
+from typing import Any
+
+import aiohttp
+import pytest
+
+from fleetserve.gateway.edge import EdgeConfig, InputLimits
+from fleetserve.gateway.server import GatewayHandle
+from fleetserve.wire import TIMEOUT_HEADER
+from tests.support.fake_replica import FakeReplica
+from tests.support.gateways import StartGateway
+
+StartReplicas = Callable[[int], Awaitable[list[FakeReplica]]]
+INFER = "/v2/models/m/infer"
+
+
+async def granian(replicas: StartReplicas, gateway: StartGateway, **overrides: Any) -> tuple[GatewayHandle,
+                                                                                              FakeReplica]:
+    (replica,) = await replicas(1)
+    return await gateway([replica.url], server="granian", **overrides), replica
+
+
+async def test_proxied_routes_are_forwarded_and_the_gateway_routes_answered_over_loopback(
+        replicas: StartReplicas, gateway: StartGateway, client: aiohttp.ClientSession) -> None:
+    gw, replica = await granian(replicas, gateway)
+    async with client.post(gw.url + INFER + "?x=1", data=b"{}", headers={"X-Request-ID": "r-1"}) as res:
+        assert res.status == 200 and res.headers["X-Request-ID"] == "r-1"
+        assert (await res.json())["path"] == INFER + "?x=1"
+    assert replica.hits == 1
+    async with client.get(gw.url + "/metrics") as res:
+        assert res.status == 200
+        assert 'fleetserve_gateway_requests_total{backend="' + replica.url in await res.text()
+    async with client.get(gw.url + "/nowhere") as res:
+        assert res.status == 404 and "GET /nowhere" in (await res.json())["error"]
+    async with client.put(gw.url + "/inference", data=b"{}") as res:
+        assert res.status == 405 and "error" in await res.json()
+    assert replica.hits == 1
+
+
+async def test_forwarded_headers_name_the_client_and_drop_what_the_gateway_sets(
+        replicas: StartReplicas, gateway: StartGateway, client: aiohttp.ClientSession) -> None:
+    gw, replica = await granian(replicas, gateway)
+    headers = {"X-Forwarded-For": "10.1.2.3", "X-Fleetserve-Subject": "forged", "Connection": "keep-alive, X-Hop",
+               "X-Hop": "1", "X-Kept": "yes"}
+    async with client.post(gw.url + INFER, data=b"{}", headers=headers) as res:
+        assert res.status == 200
+    sent = replica.last_headers
+    assert sent["X-Forwarded-For"] == "10.1.2.3, 127.0.0.1"
+    assert sent["X-Kept"] == "yes" and "X-Hop" not in sent and "X-Fleetserve-Subject" not in sent
+    assert 1 <= int(sent[TIMEOUT_HEADER]) <= gw.config.request_timeout_ms
+
+
+@pytest.mark.parametrize(("value", "status"), [("abc", 400), ("0", 400), ("250", 200)])
+async def test_the_deadline_header_is_checked(replicas: StartReplicas, gateway: StartGateway,
+                                              client: aiohttp.ClientSession, value: str, status: int) -> None:
+    gw, replica = await granian(replicas, gateway)
+    async with client.post(gw.url + INFER, data=b"{}", headers={TIMEOUT_HEADER: value}) as res:
+        assert res.status == status
+        if status == 400:
+            assert TIMEOUT_HEADER in (await res.json())["error"]
+    assert replica.hits == (status == 200)
+
+
+@pytest.fixture
+async def limited(replicas: StartReplicas, gateway: StartGateway) -> AsyncIterator[tuple[GatewayHandle,
+                                                                                         FakeReplica]]:
+    limits = InputLimits(max_header_bytes=1024, max_headers=20, body_read_timeout_s=0.5, json_max_depth=4)
+    yield await granian(replicas, gateway, max_body_bytes=4096, edge=EdgeConfig(limits=limits))
+
+
+async def test_heads_over_the_limits_are_431(limited: tuple[GatewayHandle, FakeReplica],
+                                             client: aiohttp.ClientSession) -> None:
+    gw, replica = limited
+    async with client.post(gw.url + INFER, data=b"{}", headers={"X-Big": "a" * 2000}) as res:
+        assert res.status == 431 and "1024" in (await res.json())["error"]
+    many = {f"X-H{i}": "1" for i in range(25)}
+    async with client.post(gw.url + INFER, data=b"{}", headers=many) as res:
+        assert res.status == 431
+    assert replica.hits == 0
+
+
+async def test_bodies_over_the_limit_are_413_declared_or_chunked(limited: tuple[GatewayHandle, FakeReplica],
+                                                                 client: aiohttp.ClientSession) -> None:
+    gw, replica = limited
+    async with client.post(gw.url + INFER, data=b"x" * 5000) as res:
+        assert res.status == 413 and "4096" in (await res.json())["error"]
+
+    async def chunks() -> AsyncIterator[bytes]:
+        for _ in range(5):
+            yield b"y" * 1000
+
+    async with client.post(gw.url + INFER, data=chunks()) as res:
+        assert res.status == 413
+    async with client.post(gw.url + INFER, data=b"z" * 4000) as res:
+        assert res.status == 200
+    assert replica.hits == 1 and replica.last_body == b"z" * 4000
+
+
+async def test_json_too_deep_is_400(limited: tuple[GatewayHandle, FakeReplica],
+                                    client: aiohttp.ClientSession) -> None:
+    gw, replica = limited
+    async with client.post(gw.url + INFER, data=b"[[[[[[1]]]]]]", headers={"Content-Type": "application/json"}) as res:
+        assert res.status == 400 and "deep" in (await res.json())["error"]
+    assert replica.hits == 0
+
+
+async def test_a_body_that_stops_arriving_is_408(limited: tuple[GatewayHandle, FakeReplica]) -> None:
+    gw, replica = limited
+    reader, writer = await asyncio.open_connection("127.0.0.1", gw.port)
+    writer.write(f"POST {INFER} HTTP/1.1\r\nHost: gw\r\nContent-Length: 100\r\n\r\n{{".encode())
+    await writer.drain()
+    answer = await asyncio.wait_for(reader.read(), timeout=5)
+    writer.close()
+    assert answer.startswith(b"HTTP/1.1 408"), answer
+    assert replica.hits == 0
