@@ -102,28 +102,27 @@ class RsgiFront:
         self._max_timeout_ms = max_timeout_ms
 
     async def __rsgi__(self, scope: Any, proto: Any) -> None:
+        started = time.monotonic()
         task = asyncio.current_task()
         assert task is not None
 
         def hung_up(_: object) -> None:
             task.cancel()
 
-        watch = asyncio.ensure_future(proto.client_disconnect())
+        # Granian's disconnect future takes callbacks itself: no task per request to watch it.
+        watch = proto.client_disconnect()
         watch.add_done_callback(hung_up)
+        path = scope.path
+        forwarded = scope.method in _METHODS and (path == "/inference" or path == "/v2" or path.startswith("/v2/"))
         try:
-            await self._serve(scope, proto)
+            status, backend, attempts, size = await self._guarded(scope, proto, path, forwarded, task)
         except asyncio.CancelledError:
             if not watch.done() or watch.cancelled():
                 raise
+            return  # the client is gone: nothing to answer, no latency to record (as on aiohttp)
         finally:
             watch.remove_done_callback(hung_up)
             watch.cancel()
-
-    async def _serve(self, scope: Any, proto: Any) -> None:
-        started = time.monotonic()
-        path = scope.path
-        forwarded = scope.method in _METHODS and (path == "/inference" or path == "/v2" or path.startswith("/v2/"))
-        status, backend, attempts, size = await self._guarded(scope, proto, path, forwarded)
         if not forwarded:
             return
         latency = time.monotonic() - started
@@ -131,7 +130,8 @@ class RsgiFront:
         if self._lines is not None:
             self._lines.request(scope.method, path, status, latency, replica=backend, attempts=attempts, bytes_in=size)
 
-    async def _guarded(self, scope: Any, proto: Any, path: str, forwarded: bool) -> tuple[int, str, int, int]:
+    async def _guarded(self, scope: Any, proto: Any, path: str, forwarded: bool,
+                       task: asyncio.Task[Any]) -> tuple[int, str, int, int]:
         """Run the guards around the request; its status, the replica that answered, attempts and body size."""
         headers = scope.headers
         try:
@@ -156,7 +156,7 @@ class RsgiFront:
             status = 500
             try:
                 try:
-                    body = await self._body(proto, headers)
+                    body = await self._body(proto, headers, task)
                 except _Refused as refused:
                     status = self._refused(proto, refused)
                     return status, NO_BACKEND, 0, 0
@@ -182,20 +182,33 @@ class RsgiFront:
             raise _Refused(413, "body_too_large",
                            f"request body is {declared} bytes; the limit is {limits.max_body_bytes}")
 
-    async def _body(self, proto: Any, headers: Any) -> bytes:
+    async def _body(self, proto: Any, headers: Any, task: asyncio.Task[Any]) -> bytes:
         """The whole body within the read deadline and the size cap, its JSON bounded."""
         limits = self._limits
         if headers.get("content-length") in (None, "0") and "transfer-encoding" not in headers:
             return b""
+        late = False
+
+        def expire() -> None:
+            nonlocal late
+            late = True
+            task.cancel()
+
+        # A bare timer rather than asyncio.timeout(): the same deadline for half the CPU (3.4 against 7.7 µs).
+        timer = asyncio.get_running_loop().call_later(limits.body_read_timeout_s, expire)
         try:
-            async with asyncio.timeout(limits.body_read_timeout_s):
-                if "transfer-encoding" in headers:
-                    body = await self._chunked(proto, limits.max_body_bytes)
-                else:
-                    body = await proto()
-        except TimeoutError:
+            if "transfer-encoding" in headers:
+                body = await self._chunked(proto, limits.max_body_bytes)
+            else:
+                body = await proto()
+        except asyncio.CancelledError:
+            if not late:
+                raise
+            task.uncancel()
             raise _Refused(408, "body_timeout",
                            f"request body not received within {limits.body_read_timeout_s:g} s") from None
+        finally:
+            timer.cancel()
         if _is_json(headers.get("content-type")):
             try:
                 check_json_bounds(body, limits.json_max_depth, limits.json_max_elements)
