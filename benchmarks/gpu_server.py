@@ -78,6 +78,7 @@ class RunConfig:
     serve_args: tuple[str, ...] = ()  # more `fleetserve serve` flags for every replica, e.g. --max-delay-ms 4
     fleet_concurrency: tuple[int, ...] = (32, 128)
     gateway_workers: int = 0  # 0: max(2, replicas)
+    gateway_args: tuple[str, ...] = ()  # more `fleetserve gateway` flags, e.g. --server granian
     bench_processes: int = 0  # 0: 2 against one replica, max(2, min(replicas, 4)) through the gateway
     phases: tuple[str, ...] = ("raw", "replica", "fleet")
     duration_s: float = 6.0
@@ -295,7 +296,7 @@ def run_fleet(cfg: RunConfig, deadline: Deadline, gpu: GpuSampler, results: dict
         workers = cfg.gateway_workers or max(2, n)
         port = free_port()
         gateway_argv = [*CLI, "gateway", *(a for b in bases for a in ("--backend", b)), "--host", "127.0.0.1",
-                        "--port", str(port), "--workers", str(workers), "--health-interval", "0.5"]
+                        "--port", str(port), "--workers", str(workers), "--health-interval", "0.5", *cfg.gateway_args]
         gateway: list[Proc] = []
         try:
             for b in bases:
@@ -493,6 +494,7 @@ def parse_args(argv: list[str] | None = None) -> tuple[RunConfig, argparse.Names
     p.add_argument("--fleet-instances", type=int)
     p.add_argument("--serve-args", type=shlex.split, help="more `fleetserve serve` flags for every replica")
     p.add_argument("--gateway-workers", type=int)
+    p.add_argument("--gateway-args", type=shlex.split, help="more `fleetserve gateway` flags, e.g. '--server granian'")
     p.add_argument("--bench-processes", type=int)
     p.add_argument("--instances", type=ints)
     p.add_argument("--concurrency", type=ints)
@@ -513,6 +515,7 @@ def parse_args(argv: list[str] | None = None) -> tuple[RunConfig, argparse.Names
                  "phases": args.phases, "fleet_instances": args.fleet_instances,
                  "serve_args": None if args.serve_args is None else tuple(args.serve_args),
                  "gateway_workers": args.gateway_workers, "bench_processes": args.bench_processes,
+                 "gateway_args": None if args.gateway_args is None else tuple(args.gateway_args),
                  "instances": args.instances, "concurrency": args.concurrency,
                  "replicas": args.replicas,
                  "fleet_concurrency": args.fleet_concurrency, "duration_s": args.duration,
