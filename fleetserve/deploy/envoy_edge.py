@@ -23,9 +23,6 @@ import json
 import math
 from typing import Any
 
-from cryptography.hazmat.primitives.asymmetric import ec, ed25519, rsa
-from jwt.algorithms import ECAlgorithm, HMACAlgorithm, OKPAlgorithm, RSAAlgorithm
-
 from fleetserve.gateway.edge.config import EdgeConfig, RateLimitRule
 from fleetserve.gateway.edge.jwtconfig import JwtConfig, KeySpec
 
@@ -59,6 +56,11 @@ def _verification_keys(spec: KeySpec) -> list[Any]:
 
 
 def _jwk(key: Any) -> dict[str, Any]:
+    # Imported here: rendering a config without JWT (and free_port, through fleetserve.deploy.local) needs
+    # no cryptography, which the GPU machine's carried wheels leave out.
+    from cryptography.hazmat.primitives.asymmetric import ec, ed25519, rsa
+    from jwt.algorithms import ECAlgorithm, HMACAlgorithm, OKPAlgorithm, RSAAlgorithm
+
     if isinstance(key, bytes):
         return dict(HMACAlgorithm.to_jwk(key, as_dict=True))
     if isinstance(key, rsa.RSAPublicKey):

@@ -10,17 +10,21 @@ ModelInfer``) is what route scopes, rate-limit prefixes and ``exempt_paths`` mat
 
 from __future__ import annotations
 
+import sys
 from collections.abc import Mapping, Sequence
+from typing import TYPE_CHECKING
 
 from aiohttp.typedefs import Middleware
 
 from fleetserve.gateway.edge.adaptive import Token
 from fleetserve.gateway.edge.adaptive_guard import AdaptiveConcurrencyMiddleware
-from fleetserve.gateway.edge.auth import JwtAuthMiddleware
 from fleetserve.gateway.edge.identity import Identity
 from fleetserve.gateway.edge.ratelimit import RateLimitMiddleware
 from fleetserve.gateway.edge.rejection import Rejection
 from fleetserve.gateway.edge.shed import LoadShedMiddleware
+
+if TYPE_CHECKING:
+    from fleetserve.gateway.edge.auth import JwtAuthMiddleware
 
 
 class RequestGuards:
@@ -30,7 +34,10 @@ class RequestGuards:
 
     def __init__(self, middlewares: Sequence[Middleware]) -> None:
         self._shed = next((m for m in middlewares if isinstance(m, LoadShedMiddleware)), None)
-        self._auth = next((m for m in middlewares if isinstance(m, JwtAuthMiddleware)), None)
+        # The auth module (PyJWT, cryptography) is imported only when JWT is configured (:mod:`.stack`).
+        auth = sys.modules.get("fleetserve.gateway.edge.auth")
+        self._auth: JwtAuthMiddleware | None = None if auth is None else next(
+            (m for m in middlewares if isinstance(m, auth.JwtAuthMiddleware)), None)
         self._rate = next((m for m in middlewares if isinstance(m, RateLimitMiddleware)), None)
         self._adaptive = next((m for m in middlewares if isinstance(m, AdaptiveConcurrencyMiddleware)), None)
 
