@@ -150,6 +150,9 @@ def test_gpu_prepare_pins_the_installed_versions_and_writes_an_env_script(tmp_pa
     assert (tmp_path / "src" / "fleetserve" / "replica" / "text.py").is_file()
     assert (tmp_path / "src" / "benchmarks" / "gpu_server.py").is_file()
     assert "PYTHONPATH" in gp.ENV_SH.format(dest=".gpu-carry") and gp.tracked_bytes(BENCHMARKS.parent) > 0
+    assert gp.parse_args(["--without", "pytest,pluggy"]).without == {"pytest", "pluggy"}
+    with pytest.raises(SystemExit, match="not among the wheels: numpy"):
+        gp.main(["--dest", str(tmp_path / "carry"), "--without", "pytest,numpy"])
 
 
 def test_gpu_ffn1_parses_shapes_and_marks_the_fastest_kernel() -> None:

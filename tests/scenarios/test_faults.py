@@ -9,6 +9,7 @@ import asyncio
 import pytest
 
 from fleetserve.bench.scenarios import ScenarioConfig, run_scenario
+from fleetserve.gateway.config import SERVERS
 
 pytestmark = pytest.mark.slow
 
@@ -18,16 +19,18 @@ def scenario(**kw: object):
     return asyncio.run(run_scenario(cfg))
 
 
-def test_crash_costs_no_request_and_is_ejected_within_a_second() -> None:
-    result = scenario(fault="crash", rate=150, duration_s=15, fault_at_s=3)
+@pytest.mark.parametrize("server", SERVERS)
+def test_crash_costs_no_request_and_is_ejected_within_a_second(server: str) -> None:
+    result = scenario(fault="crash", rate=150, duration_s=15, fault_at_s=3, gateway_args=("--server", server))
     assert result.report.errors == 0, result.report.errors_by_type
     assert result.events["out_after_s"] < 1.0
     assert result.events["restarts"] == 1
     assert "back_after_s" in result.events, "the restarted replica must rejoin the rotation"
 
 
-def test_rolling_restart_costs_no_request() -> None:
-    result = scenario(fault="rolling", rate=150, duration_s=40, fault_at_s=2)
+@pytest.mark.parametrize("server", SERVERS)
+def test_rolling_restart_costs_no_request(server: str) -> None:
+    result = scenario(fault="rolling", rate=150, duration_s=40, fault_at_s=2, gateway_args=("--server", server))
     assert result.report.errors == 0, result.report.errors_by_type
     assert result.events["restarts"] == 4
 

@@ -40,10 +40,13 @@ def granian_available() -> bool:
 
 
 def _reserve(host: str, port: int) -> socket.socket:
-    """A socket bound to ``host:port`` with SO_REUSEPORT and not listening: it holds the port (port 0: a
-    free one) for a listener that binds it the same way; OSError when it is taken."""
+    """A socket bound to ``host:port`` with SO_REUSEPORT (and SO_REUSEADDR) and not listening: it holds the port
+    (port 0: a free one) for a listener that binds it the same way; OSError when it is taken.
+    """
     family = socket.AF_INET6 if ":" in host else socket.AF_INET
     sock = socket.socket(family, socket.SOCK_STREAM)
+    # SO_REUSEADDR as every server sets it: connections of an earlier listener in TIME_WAIT do not block the port.
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
     sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEPORT, 1)
     try:
         sock.bind((host, port))

@@ -15,10 +15,11 @@ import aiohttp
 import pytest
 
 from fleetserve.gateway.edge import EdgeConfig, InputLimits
-from fleetserve.gateway.server import GatewayHandle
+from fleetserve.gateway.server import GatewayHandle, serve_gateway
 from fleetserve.wire import TIMEOUT_HEADER
 from tests.support.fake_replica import FakeReplica
-from tests.support.gateways import StartGateway
+from tests.support.gateways import StartGateway, gateway_config
+from tests.support.procs import free_port
 
 StartReplicas = Callable[[int], Awaitable[list[FakeReplica]]]
 INFER = "/v2/models/m/infer"
@@ -123,3 +124,20 @@ async def test_a_body_that_stops_arriving_is_408(limited: tuple[GatewayHandle, F
     writer.close()
     assert answer.startswith(b"HTTP/1.1 408"), answer
     assert replica.hits == 0
+
+
+async def test_a_restart_on_the_same_port_is_not_blocked_by_connections_in_time_wait(
+        replicas: StartReplicas) -> None:
+    (replica,) = await replicas(1)
+    port = free_port()
+    # Each gateway closes first (Connection: close), so the port holds its connections in TIME_WAIT; aiohttp's
+    # listener (one process) does not set SO_REUSEPORT, Granian's does.
+    for server in ("aiohttp", "granian", "granian"):
+        async with serve_gateway(gateway_config([replica.url], server=server, port=port)):
+            reader, writer = await asyncio.open_connection("127.0.0.1", port)
+            writer.write(f"POST {INFER} HTTP/1.1\r\nHost: gw\r\nConnection: close\r\nContent-Length: 2\r\n\r\n{{}}"
+                         .encode())
+            answer = await asyncio.wait_for(reader.read(), timeout=5)  # to EOF: the server closed first
+            writer.close()
+            assert answer.startswith(b"HTTP/1.1 200"), answer
+    assert replica.hits == 3
