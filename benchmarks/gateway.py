@@ -29,6 +29,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
+import shlex
 import time
 from pathlib import Path
 
@@ -93,6 +94,7 @@ async def main(args: argparse.Namespace) -> list[ScenarioResult]:
 
     async def run(**kw: object) -> ScenarioResult:
         kw.setdefault("duration_s", d)
+        kw["gateway_args"] = (*args.gateway_args, *kw.get("gateway_args", ()))  # type: ignore[misc]
         cfg = ScenarioConfig(**kw)  # type: ignore[arg-type]
         print(f"-- {cfg.fault} via {cfg.front} ({cfg.policy}) at {cfg.rate or cfg.concurrency} ...", flush=True)
         result = await run_scenario(cfg)
@@ -121,7 +123,8 @@ async def main(args: argparse.Namespace) -> list[ScenarioResult]:
 
     rate = args.rate
     if rate is None and ({"throttled", "crash", "rolling", "partition", "hedging"} & set(only)):
-        probe = await run_scenario(ScenarioConfig(concurrency=32, rate=None, duration_s=8))
+        probe = await run_scenario(ScenarioConfig(concurrency=32, rate=None, duration_s=8,
+                                                  gateway_args=tuple(args.gateway_args)))
         rate = round(0.6 * probe.report.achieved_rps)
         print(f"fleet capacity (closed loop, 32 in flight, via gateway): {probe.report.achieved_rps:.0f} req/s "
               f"-> scenario load {rate} req/s (60%)", flush=True)
@@ -187,6 +190,8 @@ if __name__ == "__main__":
     ap.add_argument("--duration", type=float, default=30.0, help="measured seconds per run")
     ap.add_argument("--rate", type=float, help="scenario load (default: 60%% of measured fleet capacity)")
     ap.add_argument("--overhead-rate", type=float, default=500.0)
+    ap.add_argument("--gateway-args", type=shlex.split, default=[],
+                    help="more `fleetserve gateway` options for every fleetserve run, e.g. '--server granian'")
     ap.add_argument("--out", type=Path, default=Path("out/gateway.json"))
     args = ap.parse_args()
     print(f"# gateway scenarios — {machine()}, {time.strftime('%Y-%m-%d %H:%M')}")

@@ -35,9 +35,11 @@ def test_rolling_restart_costs_no_request(server: str) -> None:
     assert result.events["restarts"] == 4
 
 
-def test_throttled_replica_does_not_set_the_tail() -> None:
-    rr = scenario(fault="throttle", policy="round-robin", rate=150, duration_s=12)
-    ewma = scenario(fault="throttle", policy="p2c-peak-ewma", rate=150, duration_s=12)
+@pytest.mark.parametrize("server", SERVERS)
+def test_throttled_replica_does_not_set_the_tail(server: str) -> None:
+    on = ("--server", server)
+    rr = scenario(fault="throttle", policy="round-robin", rate=150, duration_s=12, gateway_args=on)
+    ewma = scenario(fault="throttle", policy="p2c-peak-ewma", rate=150, duration_s=12, gateway_args=on)
     assert rr.report.errors == 0 and ewma.report.errors == 0
     # Round-robin sends a quarter of the traffic into 80 ms stalls; peak-EWMA steers around them.
     assert ewma.report.percentile(99) < 0.5 * rr.report.percentile(99)
