@@ -137,13 +137,14 @@ async def main(args: argparse.Namespace) -> list[ScenarioResult]:
                       for f in ("nginx-round-robin", "nginx-least-conn", "haproxy-leastconn", *ENVOY) if installed(f)]
         print("\n### throttled replica (80 ms of every 100 ms stopped)\n" + table([healthy, *throttled]))
         base = healthy.row()["p99_ms"]
-        default = next(r for r in throttled if r.row()["policy"] == "p2c-peak-ewma")
+        default_label = " ".join(("p2c-peak-ewma", *args.gateway_args))  # a row's policy names its extra options
+        default = next(r for r in throttled if r.row()["policy"] == default_label)
         dp99 = float(default.row()["p99_ms"])  # type: ignore[arg-type]
         print(f"default policy p99 = {dp99 / float(base):.2f}× all-healthy p99 (goal <= 1.5)")  # type: ignore[arg-type]
         for r in throttled:
             if r.config.front == "nginx-round-robin":
                 print(f"= {dp99 / float(r.row()['p99_ms']):.3f}× NGINX round-robin p99 (goal <= 0.33)")  # type: ignore[arg-type]
-        envoy_lr = ratio(throttled, "fleetserve:p2c-peak-ewma", "envoy-least-request")
+        envoy_lr = ratio(throttled, f"fleetserve:{default_label}", "envoy-least-request")
         if envoy_lr is not None:
             print(f"= {envoy_lr:.3f}× Envoy LEAST_REQUEST p99 (goal <= 0.3)")
         cwrr = ratio(throttled, "envoy-cwrr", "envoy-least-request")
