@@ -30,15 +30,6 @@ _MIN_BUFFER = 8192
 _READY_TIMEOUT_S = 10.0
 
 
-def granian_available() -> bool:
-    """Whether Granian is installed (the ``granian`` extra)."""
-    try:
-        import granian.server.embed  # noqa: F401
-    except ImportError:
-        return False
-    return True
-
-
 def _reserve(host: str, port: int) -> socket.socket:
     """A socket bound to ``host:port`` with SO_REUSEPORT (and SO_REUSEADDR) and not listening: it holds the port
     (port 0: a free one) for a listener that binds it the same way; OSError when it is taken.

@@ -19,6 +19,7 @@ the connection cap act below HTTP, in :mod:`.connections`.
 from __future__ import annotations
 
 import asyncio
+from collections.abc import Iterable, Sized
 from typing import Any
 
 from aiohttp import web
@@ -29,7 +30,7 @@ from fleetserve.gateway.edge.jsonscan import JsonLimitExceeded, check_json_bound
 from fleetserve.gateway.edge.metrics import NullObserver, RejectionObserver
 from fleetserve.wire import error_response
 
-__all__ = ["BodyLimits", "HeadLimits", "InputLimits", "app_kwargs", "server_kwargs"]
+__all__ = ["BodyLimits", "HeadLimits", "InputLimits", "app_kwargs", "head_size", "is_json", "server_kwargs"]
 
 # Lingering close drains an unread body after an early error answer so the client reads the answer
 # instead of a TCP reset; a short cap keeps a slow sender from holding the connection for long.
@@ -52,12 +53,17 @@ def app_kwargs(limits: InputLimits) -> dict[str, Any]:
     return {"client_max_size": limits.max_body_bytes}
 
 
-def head_bytes(request: web.BaseRequest) -> int:
-    """Size of the request head as sent: request line plus ``name: value\\r\\n`` per header."""
-    size = len(request.method) + len(request.raw_path) + 14  # spaces, "HTTP/1.1", CRLFs, final CRLF
-    for name, value in request.raw_headers:
+def head_size(method: str, target: str, headers: Iterable[tuple[Sized, Sized]]) -> int:
+    """Size of a request head as sent: request line plus ``name: value\\r\\n`` per header."""
+    size = len(method) + len(target) + 14  # spaces, "HTTP/1.1", CRLFs, final CRLF
+    for name, value in headers:
         size += len(name) + len(value) + 4
     return size
+
+
+def head_bytes(request: web.BaseRequest) -> int:
+    """Size of an aiohttp request's head as sent."""
+    return head_size(request.method, request.raw_path, request.raw_headers)
 
 
 def _closing(response: web.Response) -> web.Response:
@@ -115,7 +121,7 @@ class BodyLimits:
                 )
         if body is None or len(body) > limits.max_body_bytes:
             return self._too_large()
-        if _is_json(request.headers.get("Content-Type", "")):
+        if is_json(request.headers.get("Content-Type")):
             try:
                 check_json_bounds(body, limits.json_max_depth, limits.json_max_elements)
             except JsonLimitExceeded as exc:
@@ -137,7 +143,7 @@ class BodyLimits:
         return _closing(error_response(413, f"request body exceeds {self._limits.max_body_bytes} bytes"))
 
 
-def _is_json(content_type: str) -> bool:
-    # Parsed by hand from the raw header: aiohttp's content_type property parses all parameters.
-    mime = content_type.partition(";")[0].strip().lower()
+def is_json(content_type: str | None) -> bool:
+    """Whether a ``Content-Type`` value names JSON; parsed by hand (aiohttp's property parses every parameter)."""
+    mime = (content_type or "").partition(";")[0].strip().lower()
     return mime == "application/json" or mime.endswith("+json")

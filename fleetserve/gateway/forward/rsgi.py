@@ -33,6 +33,7 @@ from fleetserve.gateway.edge.calls import RequestGuards
 from fleetserve.gateway.edge.config import InputLimits
 from fleetserve.gateway.edge.identity import Identity, headers_of
 from fleetserve.gateway.edge.jsonscan import JsonLimitExceeded, check_json_bounds
+from fleetserve.gateway.edge.limits import head_size, is_json
 from fleetserve.gateway.edge.metrics import RejectionObserver
 from fleetserve.gateway.edge.rejection import Rejection
 from fleetserve.gateway.forward.core import Exchange, Forwarder, Outcome
@@ -69,17 +70,8 @@ class _Refused(Exception):
         self.close = close  # the body was not (completely) read: the connection cannot carry another request
 
 
-def _head_size(scope: Any, items: list[tuple[str, str]]) -> int:
-    """The request head's size as sent: request line plus ``name: value\\r\\n`` per header."""
-    size = len(scope.method) + len(scope.path) + len(scope.query_string) + 15
-    for name, value in items:
-        size += len(name) + len(value) + 4
-    return size
-
-
-def _is_json(content_type: str | None) -> bool:
-    mime = (content_type or "").partition(";")[0].strip().lower()
-    return mime == "application/json" or mime.endswith("+json")
+def _target(scope: Any) -> str:
+    return f"{scope.path}?{scope.query_string}" if scope.query_string else scope.path
 
 
 class RsgiFront:
@@ -173,7 +165,7 @@ class RsgiFront:
     def _check_head(self, scope: Any, headers: Any) -> None:
         limits = self._limits
         items = headers.items()
-        size = _head_size(scope, items)
+        size = head_size(scope.method, _target(scope), items)
         if size > limits.max_header_bytes or len(items) > limits.max_headers:
             raise _Refused(431, "headers_too_large", f"request head is {size} bytes in {len(items)} lines; the "
                            f"limits are {limits.max_header_bytes} bytes and {limits.max_headers} lines")
@@ -209,7 +201,7 @@ class RsgiFront:
                            f"request body not received within {limits.body_read_timeout_s:g} s") from None
         finally:
             timer.cancel()
-        if _is_json(headers.get("content-type")):
+        if is_json(headers.get("content-type")):
             try:
                 check_json_bounds(body, limits.json_max_depth, limits.json_max_elements)
             except JsonLimitExceeded as exc:
@@ -244,8 +236,7 @@ class RsgiFront:
                                                 {} if identity is None else headers_of(identity),
                                                 client.rpartition(":")[0].strip("[]") if client else None)
         path = scope.path
-        target = f"{path}?{scope.query_string}" if scope.query_string else path
-        exchange = RsgiExchange(self._pools, scope.method, target, outgoing, body, traceparent)
+        exchange = RsgiExchange(self._pools, scope.method, _target(scope), outgoing, body, traceparent)
         ctx = RequestContext(scope.method, path, len(body), headers, rid)
         forwarder = self._forwarder
         metrics.inflight.inc()
@@ -267,9 +258,8 @@ class RsgiFront:
 
     async def _local_route(self, scope: Any, proto: Any, headers: Any, body: bytes) -> int:
         """A path the gateway serves itself, answered by its aiohttp application over loopback."""
-        target = f"{scope.path}?{scope.query_string}" if scope.query_string else scope.path
         outgoing = [(k, v) for k, v in headers.items() if k not in DROP_REQUEST or k == "x-request-id"]
-        reply = await self._local.request(scope.method, target, outgoing, body)
+        reply = await self._local.request(scope.method, _target(scope), outgoing, body)
         proto.response_bytes(reply.status, [(k, v) for k, v in reply.headers if k.lower() not in DROP_RESPONSE
                                             or k.lower() == "x-request-id"], reply.body)
         return int(reply.status)
