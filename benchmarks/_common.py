@@ -100,10 +100,15 @@ def wait_ready(ready: Callable[[], bool], procs: Sequence[subprocess.Popen[Any]]
                 return
         for proc in procs:
             if proc.poll() is not None:
-                raise NotReady(f"{what}: {' '.join(map(str, proc.args))} exited with {proc.returncode}")
+                raise NotReady(f"{what}: {_command(proc)} exited with {proc.returncode}")
         if time.monotonic() >= deadline:
             raise NotReady(f"{what} not ready within {timeout_s:.0f} s")
         time.sleep(poll_s)
+
+
+def _command(proc: subprocess.Popen[Any]) -> str:
+    args = proc.args
+    return " ".join(map(str, args)) if isinstance(args, list | tuple) else str(args)
 
 
 def stop_process(proc: subprocess.Popen[Any], grace_s: float, *, term_group: bool = False,

@@ -32,6 +32,7 @@ import json
 import shlex
 import time
 from pathlib import Path
+from typing import cast
 
 from fleetserve.bench.netns import partition_unavailable
 from fleetserve.bench.scenarios import ScenarioConfig, ScenarioResult, run_scenario
@@ -112,14 +113,14 @@ async def main(args: argparse.Namespace) -> list[ScenarioResult]:
         print("\n### overhead\n" + table(over, ("front_cpu_us_per_req",)))
         for r in over[1:]:
             row = r.row()
-            print(f"{row['front']}: added p50 {row['p50_ms'] - direct['p50_ms']:+.2f} ms, "
-                  f"added p99 {row['p99_ms'] - direct['p99_ms']:+.2f} ms")
+            added = {q: cast(float, row[q]) - cast(float, direct[q]) for q in ("p50_ms", "p99_ms")}
+            print(f"{row['front']}: added p50 {added['p50_ms']:+.2f} ms, added p99 {added['p99_ms']:+.2f} ms")
         cpu = {r.config.front: r.events.get("front_cpu_us_per_req") for r in over}
-        if cpu.get("nginx-round-robin") and cpu.get("fleetserve"):
-            print(f"gateway CPU per request = {cpu['fleetserve'] / cpu['nginx-round-robin']:.1f}× NGINX's")
-        if cpu.get("envoy-least-request") and cpu.get("fleetserve"):
-            print(f"gateway CPU per request = {cpu['fleetserve'] / cpu['envoy-least-request']:.1f}× Envoy's "
-                  "(goal <= 2)")
+        ours, nginx_cpu, envoy_cpu = (cpu.get(f) for f in ("fleetserve", "nginx-round-robin", "envoy-least-request"))
+        if ours and nginx_cpu:
+            print(f"gateway CPU per request = {ours / nginx_cpu:.1f}× NGINX's")
+        if ours and envoy_cpu:
+            print(f"gateway CPU per request = {ours / envoy_cpu:.1f}× Envoy's (goal <= 2)")
 
     rate = args.rate
     if rate is None and ({"throttled", "crash", "rolling", "partition", "hedging"} & set(only)):

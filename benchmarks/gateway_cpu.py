@@ -19,7 +19,12 @@ front CPU at a low open-loop rate, where event-loop wake-ups dominate; this one 
   a ~5 KB KServe v2 JSON body for ``--duration`` seconds after ``--warmup`` seconds;
 - measured: the front's process-tree CPU time (user + system from /proc) over the measured window ÷
   requests answered, requests/s, p50/p99 latency and non-2xx/socket errors. ``--repeat`` runs every front
-  that many times, interleaved, and reports medians.
+  that many times, interleaved, and reports medians, and the median and range of each front's CPU per request
+  over the first front's and over Envoy's *in the same round*. ``--alternate`` starts every front once and
+  only moves the load from one to the next (``--duration 1 --warmup 1 --repeat 30``: a minute per front):
+  on a virtual machine whose core speed drifts (a fixed loop here took 240–370 ms from one second to the
+  next), the paired ratios of short adjacent windows cancel most of the drift that separate runs of 10 s
+  each do not.
 
 With two or more CPUs the front is pinned to the first one (``taskset``) and the load generator and upstream
 to the others, so the front can take a whole core and does not share it with them. NGINX fronts rarely
@@ -246,13 +251,22 @@ def front(name: str, upstream: str, cpus: str | None, args: argparse.Namespace) 
 
 def measure(name: str, upstream: str, args: argparse.Namespace, script: Path, cpus: str | None) -> Run:
     with front(name, upstream, cpus, args) as (url, pid):
-        status, body = _post(url, request_body(args.body_bytes))
-        if status != 200 or json.loads(body) != json.loads(REPLY):
-            raise RuntimeError(f"{name} answered {status} {body[:200]!r}")
-        wrk(url, script, args.connections, args.warmup)
-        cpu0 = tree_cpu_seconds(pid)
-        result = wrk(url, script, args.connections, args.duration)
-        cpu = tree_cpu_seconds(pid) - cpu0
+        check_answer(name, url, args)
+        return load(name, url, pid, args, script)
+
+
+def check_answer(name: str, url: str, args: argparse.Namespace) -> None:
+    status, body = _post(url, request_body(args.body_bytes))
+    if status != 200 or json.loads(body) != json.loads(REPLY):
+        raise RuntimeError(f"{name} answered {status} {body[:200]!r}")
+
+
+def load(name: str, url: str, pid: int, args: argparse.Namespace, script: Path) -> Run:
+    """Warm ``url`` up, then load it for ``args.duration`` seconds and measure process ``pid``'s tree."""
+    wrk(url, script, args.connections, args.warmup)
+    cpu0 = tree_cpu_seconds(pid)
+    result = wrk(url, script, args.connections, args.duration)
+    cpu = tree_cpu_seconds(pid) - cpu0
     requests = int(result["requests"])
     seconds = result["duration_us"] / 1e6
     return Run(name, requests, requests / seconds, result["p50_us"] / 1000, result["p99_us"] / 1000,
@@ -281,6 +295,25 @@ def table(rows: Sequence[Run]) -> str:
         busy = r.cpu_us_per_req * r.rps / 1e6
         lines.append(f"| {r.front} | {r.rps:.0f} | {r.p50_ms:.2f} | {r.p99_ms:.2f} | {r.errors} | "
                      f"{r.cpu_us_per_req:.1f} | {busy:.2f} | {ratio} |")
+    return "\n".join(lines)
+
+
+def paired_ratios(runs: dict[str, list[Run]]) -> str:
+    """Each front's CPU per request over the first front's and over Envoy's, round by round: the median and
+    range of those ratios (a drift of the machine's speed between rounds cancels within a round)."""
+    lines = ["| front | rounds | CPU ÷ first front's (median, range) | CPU ÷ Envoy's (median, range) |",
+             "|---|---|---|---|"]
+    first = next(iter(runs.values()))
+    envoy = runs.get("envoy")
+
+    def ratios(rs: Sequence[Run], refs: Sequence[Run] | None) -> str:
+        if refs is None:
+            return "—"
+        rows = [r.cpu_us_per_req / ref.cpu_us_per_req for r, ref in zip(rs, refs, strict=True)]
+        return f"{statistics.median(rows):.3f} ({min(rows):.3f}–{max(rows):.3f})"
+
+    for name, rs in runs.items():
+        lines.append(f"| {name} | {len(rs)} | {ratios(rs, first)} | {ratios(rs, envoy)} |")
     return "\n".join(lines)
 
 
@@ -313,14 +346,24 @@ def main(args: argparse.Namespace) -> list[Run]:
     with tempfile.TemporaryDirectory(prefix="fleetserve-gwcpu-") as tmp, UpstreamNginx() as upstream:
         script = Path(tmp) / "post.lua"
         script.write_text(_WRK_SCRIPT.format(path=INFER_PATH, body=body.decode()))
-        for round_ in range(args.repeat):
-            for name in fronts:
-                run = measure(name, upstream.url, args, script, front_cpus)
-                runs[name].append(run)
-                print(f"round {round_ + 1}: {name}: {run.rps:.0f} req/s, {run.cpu_us_per_req:.1f} µs CPU/req, "
-                      f"p50 {run.p50_ms:.2f} ms, p99 {run.p99_ms:.2f} ms, {run.errors} errors", flush=True)
+        with contextlib.ExitStack() as started:
+            running = {}
+            if args.alternate:  # every front up at once; the load alone moves from one to the next
+                for name in fronts:
+                    running[name] = started.enter_context(front(name, upstream.url, front_cpus, args))
+                    check_answer(name, running[name][0], args)
+            for round_ in range(args.repeat):
+                for name in fronts:
+                    if args.alternate:
+                        run = load(name, *running[name], args, script)
+                    else:
+                        run = measure(name, upstream.url, args, script, front_cpus)
+                    runs[name].append(run)
+                    print(f"round {round_ + 1}: {name}: {run.rps:.0f} req/s, {run.cpu_us_per_req:.1f} µs CPU/req, "
+                          f"p50 {run.p50_ms:.2f} ms, p99 {run.p99_ms:.2f} ms, {run.errors} errors", flush=True)
     summary = [median_runs(rs) for rs in runs.values()]
     print((f"\nmedians of {args.repeat} runs\n" if args.repeat > 1 else "\n") + table(summary))
+    print(paired_ratios(runs))
     ours = next((r for r in summary if r.front == "fleetserve"), None)
     if ours is not None:
         print(f"\nfleetserve gateway: {ours.cpu_us_per_req:.1f} µs CPU/request = "
@@ -344,6 +387,9 @@ if __name__ == "__main__":
     ap.add_argument("--gateway-args", default="", help="extra gateway options, e.g. \"--policy round-robin\"")
     ap.add_argument("--variant", action="append", default=[], metavar="NAME=OPTIONS",
                     help="also measure the gateway with these extra options as front fleetserve:NAME (repeatable)")
+    ap.add_argument("--alternate", action="store_true",
+                    help="start every front once and move the load from one to the next each round, instead of "
+                         "starting each front for its run (shorter rounds; the fronts idle side by side)")
     ap.add_argument("--no-pin", action="store_true", help="do not pin the front to its own CPU")
     ap.add_argument("--out", type=Path, help="write the summary rows as JSON here")
     args = ap.parse_args()
