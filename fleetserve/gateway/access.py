@@ -24,21 +24,15 @@ from aiohttp.abc import AbstractAccessLogger
 from aiohttp.web import BaseRequest, StreamResponse
 
 from fleetserve.gateway.metrics import GatewayMetrics
+from fleetserve.gateway.routes import proxied
 from fleetserve.telemetry import otel
 from fleetserve.telemetry.access_log import AccessLog
 
-_PROXIED_PREFIX = "/v2"
-_PROXIED_EXACT = "/inference"
 LOGGER = logging.getLogger(__name__)
 # What the proxy handler and the tracing middleware leave on a request for this hook.
 BACKEND_KEY: web.RequestKey[str] = web.RequestKey("fleetserve.backend", str)
 ATTEMPTS_KEY: web.RequestKey[int] = web.RequestKey("fleetserve.attempts", int)
 SPAN_KEY: web.RequestKey[Any] = web.RequestKey("fleetserve.span", object)  # an OpenTelemetry Span
-
-
-def proxied(path: str) -> bool:
-    """Whether ``path`` is one of the routes the gateway forwards to replicas."""
-    return path.startswith(_PROXIED_PREFIX) or path == _PROXIED_EXACT
 
 
 def access_logger(metrics: GatewayMetrics, lines: AccessLog | None) -> type[AbstractAccessLogger]:

@@ -24,14 +24,11 @@ from fleetserve.gateway.forward.core import Forwarder
 from fleetserve.gateway.forward.http import HttpForwarding
 from fleetserve.gateway.forward.upstream import UpstreamPools
 from fleetserve.gateway.metrics import NO_BACKEND, GatewayMetrics
+from fleetserve.gateway.routes import PROXIED_METHODS, PROXIED_PATHS
 from fleetserve.gateway.tracing import tracing_middleware
 from fleetserve.telemetry import otel
 from fleetserve.telemetry.tracing import IdGenerator, request_id
 from fleetserve.wire import REQUEST_ID_HEADER, error_response
-
-# The catch-all first: the router tries the resources indexed under "/v2" in this order, and nearly
-# every request is below /v2/.
-PROXIED_PATHS = ("/v2/{tail:.*}", "/v2", "/inference")
 
 
 def _json_errors(metrics: GatewayMetrics, ids: IdGenerator) -> Middleware:
@@ -72,6 +69,6 @@ def build_app(config: GatewayConfig, forwarder: Forwarder, balancer: Balancer, p
     forwarding = HttpForwarding(forwarder, pools, metrics, config, ids, tracing)
     add_admin_routes(app, balancer, metrics, exposition or metrics.exposition, autoscaler)
     for path in PROXIED_PATHS:
-        app.router.add_route("GET", path, forwarding.handle)
-        app.router.add_route("POST", path, forwarding.handle)
+        for method in PROXIED_METHODS:
+            app.router.add_route(method, path, forwarding.handle)
     return app

@@ -28,7 +28,6 @@ from fleetserve.gateway.edge.config import EdgeConfig
 from fleetserve.gateway.forward.hedge import HedgeConfig
 from fleetserve.gateway.forward.upstream import PoolConfig
 from fleetserve.options import option, section
-from fleetserve.telemetry import otel
 from fleetserve.telemetry.access_log import AccessLogConfig
 from fleetserve.telemetry.otel import TracingConfig
 
@@ -48,7 +47,7 @@ class GatewayConfig:
     grpc_port: int = option(0, "gRPC port balancing KServe ModelInfer per call (0: no gRPC listener)")
     workers: int = option(1, "worker processes sharing the port through SO_REUSEPORT")
     server: str = option("aiohttp", "HTTP server of the public port (granian: Rust HTTP, less CPU per request; "
-                         "needs the fast extra; no --otlp-endpoint)", choices=SERVERS)
+                         "needs the fast extra)", choices=SERVERS)
     backends: tuple[str, ...] = option((), "a replica, repeatable (static discovery), e.g. http://10.0.0.5:8000=2",
                                        flag="--backend", metavar="URL[=WEIGHT]")
     discovery: str = option("static", "where the backends come from (actuator: PUT /gateway/autoscale/members "
@@ -99,9 +98,6 @@ class GatewayConfig:
             raise ValueError(f"server must be one of {', '.join(SERVERS)}, got {self.server!r}")
         if self.server == "granian" and importlib.util.find_spec("granian") is None:
             raise ValueError("--server granian needs Granian: pip install 'fleetserve[fast]' (or granian)")
-        if self.server == "granian" and otel.enabled(self.tracing):
-            raise ValueError("--server granian does not trace requests: leave out --otlp-endpoint (and "
-                             "OTEL_EXPORTER_OTLP_*), or use --server aiohttp")
         if self.discovery not in DISCOVERY_KINDS:
             raise ValueError(f"discovery must be one of {', '.join(DISCOVERY_KINDS)}, got {self.discovery!r}")
         if self.discovery == "static" and not self.backends:

@@ -181,7 +181,8 @@ async def serve_gateway(
             local = UpstreamPool(f"http://127.0.0.1:{runner.addresses[0][1]}", config.upstream)
             front = RsgiFront(forwarder, upstreams, metrics, guards.calls, guards.observer, guards.limits, ids,
                               lines, local, default_timeout_s=config.request_timeout_ms / 1000.0,
-                              max_timeout_ms=config.max_request_timeout_ms)
+                              max_timeout_ms=config.max_request_timeout_ms, tracing=tracing,
+                              policy=config.balancer.policy)
             listener = await GranianListener.start(front, config.host, config.port, guards.limits)
             port = listener.port
         else:

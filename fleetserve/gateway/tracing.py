@@ -2,7 +2,8 @@
 
 - **The request** (``SERVER``): for HTTP, started by :func:`tracing_middleware`, the outermost middleware,
   so the edge guards' time is inside it, and ended by the access logger once the response's last byte is
-  written (:mod:`.access`), so it covers what the client waits for; for gRPC, around the call. It continues
+  written (:mod:`.access`), so it covers what the client waits for; on Granian (:mod:`.forward.rsgi`), from
+  before the edge guards to the answer handed to Granian; for gRPC, around the call. It continues
   the caller's ``traceparent`` (or starts a trace, sampled by the configured ratio). Named and described by
   the HTTP semantic conventions: ``POST /v2/models/{model}/infer``, ``http.request.method``, ``url.path``,
   ``http.route``, ``http.response.status_code``, ``client.address``; gRPC ones by the RPC conventions.
@@ -28,9 +29,10 @@ from typing import TYPE_CHECKING, Any
 from aiohttp import web
 from aiohttp.typedefs import Handler, Middleware
 
-from fleetserve.gateway.access import SPAN_KEY, proxied
+from fleetserve.gateway.access import SPAN_KEY
 from fleetserve.gateway.balance import Balancer, Endpoint, RequestContext
 from fleetserve.gateway.balance.load import outstanding
+from fleetserve.gateway.routes import proxied
 from fleetserve.telemetry import logs, otel
 
 if TYPE_CHECKING:
@@ -49,19 +51,30 @@ def server_span(tracing: otel.Tracing, name: str, carrier: Mapping[str, str], at
     return span
 
 
+def http_server_span(tracing: otel.Tracing, method: str, path: str, headers: Mapping[str, str],
+                     client: str | None) -> Span | None:
+    """The span of one proxied HTTP request (either front), continuing the caller's trace; None when the
+    sampling decision leaves the request unrecorded."""
+    if not tracing.samples(headers.get("traceparent")):
+        return None
+    route = otel.http_route(path)
+    attributes: dict[str, Any] = {"http.request.method": method, "url.path": path, "http.route": route,
+                                  "url.scheme": "http"}
+    if client:
+        attributes["client.address"] = client
+    return server_span(tracing, f"{method} {route}", headers, attributes)
+
+
 def tracing_middleware(tracing: otel.Tracing) -> Middleware:
     """Starts the span of each proxied request; the access logger ends it (or this, if the handler fails)."""
 
     @web.middleware
     async def trace(request: web.Request, handler: Handler) -> web.StreamResponse:
-        if not proxied(request.path) or not tracing.samples(request.headers.get("traceparent")):
+        span = None
+        if proxied(request.path):
+            span = http_server_span(tracing, request.method, request.path, request.headers, request.remote)
+        if span is None:
             return await handler(request)
-        route = otel.http_route(request.path)
-        attributes: dict[str, Any] = {"http.request.method": request.method, "url.path": request.path,
-                                      "http.route": route, "url.scheme": "http"}
-        if request.remote:
-            attributes["client.address"] = request.remote
-        span = server_span(tracing, f"{request.method} {route}", request.headers, attributes)
         request[SPAN_KEY] = span
         try:
             return await handler(request)

@@ -19,6 +19,7 @@ import time
 import pytest
 
 from fleetserve.deploy.local import free_port_block
+from fleetserve.gateway.config import SERVERS
 from tests.support.otlp import OtlpReceiver, ReceivedSpan, otlp_receiver
 from tests.support.procs import free_port, gateway, replica, spawn, wait_http
 from tests.support.waiting import until_sync
@@ -99,7 +100,9 @@ def _check_structure(spans: list[ReceivedSpan], replica_url: str) -> tuple[Recei
     return root, [root, pick, attempt, attempt, served, *stages]
 
 
-def test_one_request_is_one_trace_whose_spans_add_up_to_the_client_latency(monkeypatch: pytest.MonkeyPatch) -> None:
+@pytest.mark.parametrize("server", SERVERS)
+def test_one_request_is_one_trace_whose_spans_add_up_to_the_client_latency(monkeypatch: pytest.MonkeyPatch,
+                                                                           server: str) -> None:
     """Seven requests, each its own trace of the same shape; the time checks hold for the median of the seven, as
     scheduling on a loaded 2-core box can hold any single request back between two processes (the client's
     write and the gateway's read, say), where no span can see it. The SDK's batch processor is told (through
@@ -110,7 +113,7 @@ def test_one_request_is_one_trace_whose_spans_add_up_to_the_client_latency(monke
     latencies = {}
     with otlp_receiver() as (receiver, url):
         with replica("tiny", "--otlp-endpoint", url, "--batch-latency-ms", "50", grpc=False) as rep, \
-                gateway([rep.url], "--otlp-endpoint", url) as gw:
+                gateway([rep.url], "--otlp-endpoint", url, "--server", server) as gw:
             # A first request, not sampled, opens the gateway's connection to the replica and warms both up.
             assert _post(gw.port, "00-abf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-00")[0] == 200
             answers: list[bytes] = []

@@ -1,10 +1,8 @@
 """The gateway's public HTTP port on Granian (``--server granian``): an RSGI application.
 
-Issue 12 measured the public server as the largest single cost of a forwarded request on aiohttp; Granian (a
-Rust HTTP server for Python, https://github.com/emmett-framework/granian) parses and writes HTTP outside the
-interpreter. This application gives every request what the aiohttp front gives it, in the order of
-:mod:`fleetserve.gateway.edge.stack`, through the protocol-neutral guards
-(:class:`~fleetserve.gateway.edge.calls.RequestGuards`, the same objects as the aiohttp middlewares):
+Granian (https://github.com/emmett-framework/granian) parses and writes HTTP in Rust, outside the interpreter.
+This application gives every request what the aiohttp front gives it, in the order of :mod:`..edge.stack`,
+through the guards the aiohttp middlewares use (:class:`~fleetserve.gateway.edge.calls.RequestGuards`):
 
 1. head limits: a head over ``max_header_bytes`` or ``max_headers`` lines is a 431, a declared body over
    ``max_body_bytes`` a 413;
@@ -13,9 +11,9 @@ interpreter. This application gives every request what the aiohttp front gives i
 3. the body, read within ``body_read_timeout_s`` (408), bounded also when chunked (413), a JSON body's depth
    and value count scanned (400/413).
 
-Then the proxied routes (``GET``/``POST`` on ``/v2``, ``/v2/...`` and ``/inference``) go through the
-forwarding core (:mod:`.core`) with the deadline, headers, request id and trace context of :mod:`.http`.
-Every other path — the admin API, ``/metrics``, the dashboard, 404s and 405s — goes to the gateway's own
+Then the proxied routes (:mod:`fleetserve.gateway.routes`) go through the forwarding core (:mod:`.core`) with
+the deadline, headers, request id and trace context of :mod:`.http`, and the spans of :mod:`..tracing`. Every
+other path — the admin API, ``/metrics``, the dashboard, 404s and 405s — goes to the gateway's own
 aiohttp application, built without guards, on a loopback port only this process knows: those routes are
 written once, and the loopback hop costs only requests that are not inference. A client that hangs up cancels
 its request's task, and with it the attempt in flight, whose upstream connection closes so that the replica
@@ -26,7 +24,7 @@ from __future__ import annotations
 
 import asyncio
 import time
-from typing import Any, cast
+from typing import TYPE_CHECKING, Any, cast
 
 from fleetserve.gateway.balance import RequestContext
 from fleetserve.gateway.edge.calls import RequestGuards
@@ -41,14 +39,19 @@ from fleetserve.gateway.forward.headers import DROP_REQUEST, DROP_RESPONSE, forw
 from fleetserve.gateway.forward.http import UpstreamExchange, timeout_of
 from fleetserve.gateway.forward.upstream import UpstreamPool, UpstreamPools
 from fleetserve.gateway.metrics import NO_BACKEND, GatewayMetrics
+from fleetserve.gateway.routes import PROXIED_METHODS, proxied
+from fleetserve.gateway.tracing import ForwardSpans, http_server_span
+from fleetserve.telemetry import otel
 from fleetserve.telemetry.access_log import AccessLog
 from fleetserve.telemetry.tracing import IdGenerator, request_id
 from fleetserve.wire import REQUEST_ID_HEADER, RETRY_AFTER, TIMEOUT_HEADER, error_body
 
+if TYPE_CHECKING:
+    from opentelemetry.trace import Span
+
 Answer = tuple[int, list[tuple[str, str]], bytes]
 _JSON = [("content-type", "application/json")]
 _CLOSE = ("connection", "close")
-_METHODS = frozenset({"GET", "POST"})
 
 
 class RsgiExchange(UpstreamExchange[Answer]):
@@ -74,12 +77,19 @@ def _target(scope: Any) -> str:
     return f"{scope.path}?{scope.query_string}" if scope.query_string else scope.path
 
 
+def _peer(scope: Any) -> str | None:
+    """The client's address without its port (Granian gives ``host:port``, ``[v6]:port``)."""
+    client = scope.client
+    return client.rpartition(":")[0].strip("[]") if client else None
+
+
 class RsgiFront:
     """The RSGI application: the edge guards, then the forwarding core or the loopback admin application."""
 
     def __init__(self, forwarder: Forwarder, pools: UpstreamPools, metrics: GatewayMetrics, guards: RequestGuards,
                  observer: RejectionObserver, limits: InputLimits, ids: IdGenerator, lines: AccessLog | None,
-                 local: UpstreamPool, *, default_timeout_s: float, max_timeout_ms: int) -> None:
+                 local: UpstreamPool, *, default_timeout_s: float, max_timeout_ms: int,
+                 tracing: otel.Tracing | None = None, policy: str = "") -> None:
         self._forwarder = forwarder
         self._pools = pools
         self._metrics = metrics
@@ -92,6 +102,8 @@ class RsgiFront:
         self._local = local
         self._default_timeout_s = default_timeout_s
         self._max_timeout_ms = max_timeout_ms
+        self._tracing = tracing
+        self._policy = policy  # the balancer's, for the pick spans
 
     async def __rsgi__(self, scope: Any, proto: Any) -> None:
         started = time.monotonic()
@@ -105,11 +117,17 @@ class RsgiFront:
         watch = proto.client_disconnect()
         watch.add_done_callback(hung_up)
         path = scope.path
-        forwarded = scope.method in _METHODS and (path == "/inference" or path == "/v2" or path.startswith("/v2/"))
+        forwarded = scope.method in PROXIED_METHODS and proxied(path)
+        span = None
+        if forwarded and self._tracing is not None:
+            span = http_server_span(self._tracing, scope.method, path, dict(scope.headers.items()), _peer(scope))
         try:
-            status, backend, attempts, size = await self._guarded(scope, proto, path, forwarded, task)
-        except asyncio.CancelledError:
-            if not watch.done() or watch.cancelled():
+            status, backend, attempts, size, sent = await self._guarded(scope, proto, path, forwarded, task, span)
+        except BaseException as exc:
+            if span is not None:  # no answer: a hang-up (or a crash)
+                span.set_attribute("error.type", type(exc).__qualname__)
+                span.end()
+            if not isinstance(exc, asyncio.CancelledError) or not watch.done() or watch.cancelled():
                 raise
             return  # the client is gone: nothing to answer, no latency to record (as on aiohttp)
         finally:
@@ -117,46 +135,50 @@ class RsgiFront:
             watch.cancel()
         if not forwarded:
             return
+        if span is not None:
+            otel.end_server_span(span, status)
         latency = time.monotonic() - started
         self._duration.observe(latency)
         if self._lines is not None:
-            self._lines.request(scope.method, path, status, latency, replica=backend, attempts=attempts, bytes_in=size)
+            self._lines.request(scope.method, path, status, latency, replica=backend, attempts=attempts, bytes_in=size,
+                                bytes_out=sent)
 
-    async def _guarded(self, scope: Any, proto: Any, path: str, forwarded: bool,
-                       task: asyncio.Task[Any]) -> tuple[int, str, int, int]:
-        """Run the guards around the request; its status, the replica that answered, attempts and body size."""
+    async def _guarded(self, scope: Any, proto: Any, path: str, forwarded: bool, task: asyncio.Task[Any],
+                       span: Span | None) -> tuple[int, str, int, int, int]:
+        """Run the guards around the request; its status, the replica that answered, attempts, and the sizes of
+        the request's body and of the answer's."""
         headers = scope.headers
         try:
             self._check_head(scope, headers)
         except _Refused as refused:
-            return self._refused(proto, refused), NO_BACKEND, 0, 0
+            return self._refused(proto, refused), NO_BACKEND, 0, 0, 0
         guards = self._guards
         rejection = guards.enter(path)
         if rejection is not None:
-            return self._reject(proto, rejection), NO_BACKEND, 0, 0
+            return self._reject(proto, rejection), NO_BACKEND, 0, 0, 0
         try:
             identity: Identity | None = None
             if guards.checking:
                 forwarded_for = [v for k, v in headers.items() if k == "x-forwarded-for"]
                 admitted = await guards.admit(path, headers, forwarded_for, scope.client)
                 if isinstance(admitted, Rejection):
-                    return self._reject(proto, admitted), NO_BACKEND, 0, 0
+                    return self._reject(proto, admitted), NO_BACKEND, 0, 0, 0
                 identity = admitted
             slot = guards.acquire(path)
             if isinstance(slot, Rejection):
-                return self._reject(proto, slot), NO_BACKEND, 0, 0
+                return self._reject(proto, slot), NO_BACKEND, 0, 0, 0
             status = 500
             try:
                 try:
                     body = await self._body(proto, headers, task)
                 except _Refused as refused:
                     status = self._refused(proto, refused)
-                    return status, NO_BACKEND, 0, 0
+                    return status, NO_BACKEND, 0, 0, 0
                 if forwarded:
-                    status, backend, attempts = await self._forward(scope, proto, headers, body, identity)
-                    return status, backend, attempts, len(body)
+                    status, backend, attempts, sent = await self._forward(scope, proto, headers, body, identity, span)
+                    return status, backend, attempts, len(body), sent
                 status = await self._local_route(scope, proto, headers, body)
-                return status, NO_BACKEND, 0, len(body)
+                return status, NO_BACKEND, 0, len(body), 0
             finally:
                 guards.release(slot, status < 400)
         finally:
@@ -220,9 +242,10 @@ class RsgiFront:
             parts.append(chunk)
         return b"".join(parts)
 
-    async def _forward(self, scope: Any, proto: Any, headers: Any, body: bytes,
-                       identity: Identity | None) -> tuple[int, str, int]:
-        """Forward through the core and answer; the status, the replica that answered and the attempts."""
+    async def _forward(self, scope: Any, proto: Any, headers: Any, body: bytes, identity: Identity | None,
+                       span: Span | None) -> tuple[int, str, int, int]:
+        """Forward through the core and answer; the status, the replica that answered, the attempts and the
+        answer's size."""
         metrics = self._metrics
         rid = request_id(headers.get("x-request-id"), self._ids)
         try:
@@ -230,19 +253,19 @@ class RsgiFront:
                                    self._max_timeout_ms)
         except ValueError as exc:
             metrics.observe_request(NO_BACKEND, 400)
-            return self._error(proto, 400, str(exc), [(REQUEST_ID_HEADER, rid)]), NO_BACKEND, 0
-        client = scope.client
-        outgoing, traceparent = forward_headers(headers, rid, self._ids, None,
-                                                {} if identity is None else headers_of(identity),
-                                                client.rpartition(":")[0].strip("[]") if client else None)
+            return self._error(proto, 400, str(exc), [(REQUEST_ID_HEADER, rid)]), NO_BACKEND, 0, 0
+        outgoing, traceparent = forward_headers(headers, rid, self._ids,
+                                                None if span is None else otel.traceparent(span),
+                                                {} if identity is None else headers_of(identity), _peer(scope))
         path = scope.path
         exchange = RsgiExchange(self._pools, scope.method, _target(scope), outgoing, body, traceparent)
         ctx = RequestContext(scope.method, path, len(body), headers, rid)
         forwarder = self._forwarder
         metrics.inflight.inc()
         try:
+            spans = ForwardSpans.of(self._tracing, span, self._policy, "http", scope.method)
             outcome: Outcome[Answer] = await forwarder.forward(
-                ctx, cast(Exchange[Any, Answer], exchange), forwarder.clock() + timeout_s, timeout_s)
+                ctx, cast(Exchange[Any, Answer], exchange), forwarder.clock() + timeout_s, timeout_s, spans)
         finally:
             metrics.inflight.dec()
         metrics.observe_request(outcome.backend, outcome.status)
@@ -250,11 +273,11 @@ class RsgiFront:
             extra = [(REQUEST_ID_HEADER, rid)]
             if outcome.retry_after is not None:
                 extra.append((RETRY_AFTER, outcome.retry_after))
-            return self._error(proto, outcome.status, outcome.failure, extra), outcome.backend, exchange.sends
+            return self._error(proto, outcome.status, outcome.failure, extra), outcome.backend, exchange.sends, 0
         status, reply_headers, reply_body = outcome.answer
         reply_headers.append((REQUEST_ID_HEADER, rid))
         proto.response_bytes(status, reply_headers, reply_body)
-        return status, outcome.backend, exchange.sends
+        return status, outcome.backend, exchange.sends, len(reply_body)
 
     async def _local_route(self, scope: Any, proto: Any, headers: Any, body: bytes) -> int:
         """A path the gateway serves itself, answered by its aiohttp application over loopback."""
