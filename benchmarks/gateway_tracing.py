@@ -17,7 +17,8 @@ The gateway's stdout (its log lines) goes to a file. The modes run interleaved `
 shared: compare within a round); each round's cost relative to that round's ``off`` is reported, with the
 range over rounds.
 
-    flock /tmp/fleetserve-bench.lock .venv/bin/python benchmarks/gateway_tracing.py [--duration 8] [--repeat 3]
+    flock /tmp/fleetserve-bench.lock .venv/bin/python benchmarks/gateway_tracing.py [--duration 8] [--repeat 3] \
+        [--server aiohttp|granian]
 """
 
 from __future__ import annotations
@@ -35,6 +36,8 @@ from pathlib import Path
 from typing import Any
 
 from gateway_cpu import _WRK_SCRIPT, INFER_PATH, Run, UpstreamNginx, cpu_split, measure, request_body
+
+from fleetserve.gateway.config import SERVERS
 
 MODES = {
     "off": "--access-log-rate 0",
@@ -79,8 +82,9 @@ def main() -> None:
     ap.add_argument("--body-bytes", type=int, default=5000, help="approximate POST body size")
     ap.add_argument("--repeat", type=int, default=3, help="rounds of every mode, interleaved")
     ap.add_argument("--modes", default=",".join(MODES), help=f"comma list of {','.join(MODES)}")
+    ap.add_argument("--server", choices=SERVERS, default="aiohttp", help="the gateway's public server")
     args = ap.parse_args()
-    args.baseline = None
+    args.baseline, args.variants = None, {}
     modes = [m for m in args.modes.split(",") if m]
     front_cpus, rest = cpu_split()
     if rest is not None:
@@ -97,7 +101,7 @@ def main() -> None:
         script.write_text(_WRK_SCRIPT.format(path=INFER_PATH, body=body.decode()))
         for round_ in range(args.repeat):
             for mode in modes:
-                args.gateway_args = MODES[mode].format(sink=sink)
+                args.gateway_args = f"--server {args.server} " + MODES[mode].format(sink=sink)
                 exported = received[0]
                 run = measure("fleetserve", upstream.url, args, script, front_cpus)
                 runs[mode].append(run)
