@@ -8,6 +8,7 @@ second time on Granian (``FLEETSERVE_TEST_GATEWAY_SERVER=granian``).
 from __future__ import annotations
 
 import asyncio
+import logging
 from collections.abc import AsyncIterator, Awaitable, Callable
 from typing import Any
 
@@ -16,6 +17,7 @@ import pytest
 
 from fleetserve.gateway.edge import EdgeConfig, InputLimits
 from fleetserve.gateway.server import GatewayHandle, serve_gateway
+from fleetserve.telemetry.access_log import FLUSH_INTERVAL_S
 from fleetserve.wire import TIMEOUT_HEADER
 from tests.support.fake_replica import FakeReplica
 from tests.support.gateways import StartGateway, gateway_config
@@ -141,3 +143,21 @@ async def test_a_restart_on_the_same_port_is_not_blocked_by_connections_in_time_
             writer.close()
             assert answer.startswith(b"HTTP/1.1 200"), answer
     assert replica.hits == 3
+
+
+async def test_access_log_lines_carry_the_size_of_each_answer(
+        replicas: StartReplicas, gateway: StartGateway, client: aiohttp.ClientSession,
+        caplog: pytest.LogCaptureFixture, capsys: pytest.CaptureFixture[str]) -> None:
+    """The replica's answer and the gateway's own error alike (the aiohttp front logs both sizes too)."""
+    caplog.set_level(logging.INFO, logger="fleetserve.access")
+    gw, _ = await granian(replicas, gateway)
+    sizes = []
+    for headers in ({}, {TIMEOUT_HEADER: "soon"}):
+        async with client.post(gw.url + INFER, data=b"{}", headers=headers) as res:
+            sizes.append((res.status, len(await res.read())))
+    await asyncio.sleep(FLUSH_INTERVAL_S + 0.2)  # the access log writes its lines in batches
+    lines = [line for line in capsys.readouterr().err.splitlines() if f"POST {INFER} " in line]
+    assert [status for status, _ in sizes] == [200, 400] and all(size > 0 for _, size in sizes)
+    assert len(lines) == 2
+    for line, (status, size) in zip(lines, sizes, strict=True):
+        assert f" {status} " in line and line.endswith(f"bytes=2/{size}"), line
