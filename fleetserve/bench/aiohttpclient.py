@@ -37,7 +37,7 @@ class AiohttpClient:
 
     async def send(self, prepared: object) -> int:
         assert self._session is not None, "start() first"
-        url, headers, body = cast(tuple[str, dict[str, str], bytes], prepared)
+        url, headers, body = cast("tuple[str, dict[str, str], bytes]", prepared)
         try:
             async with self._session.post(url, data=body, headers=headers) as response:
                 await response.read()

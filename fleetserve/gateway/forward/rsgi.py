@@ -206,7 +206,7 @@ class RsgiFront:
         try:
             spans = ForwardSpans.of(self._tracing, span, self._policy, "http", scope.method)
             outcome: Outcome[Answer] = await forwarder.forward(
-                ctx, cast(Exchange[Any, Answer], exchange), forwarder.clock() + timeout_s, timeout_s, spans)
+                ctx, cast("Exchange[Any, Answer]", exchange), forwarder.clock() + timeout_s, timeout_s, spans)
         finally:
             metrics.inflight.dec()
         metrics.observe_request(outcome.backend, outcome.status)
