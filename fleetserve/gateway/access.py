@@ -3,7 +3,8 @@ line and the end of the request's span.
 
 aiohttp times every request from its head being parsed to its response's last byte being written, and
 hands that to the server's access logger; :func:`access_logger` is such a logger that observes the time of
-requests on proxied routes (``/v2...`` and ``/inference``) in ``fleetserve_gateway_request_duration_seconds``.
+requests on proxied routes (``/v2``, ``/v2/...`` and ``/inference``: :mod:`.routes`) in
+``fleetserve_gateway_request_duration_seconds``.
 Answers the gateway gave itself there (429, 503, 504, 413 ...) count too: they are what the client saw.
 Admin routes (``/metrics``, ``/dashboard``, probes) are not client traffic and are left out. Hooking the
 server's own timing, rather than timing inside the proxy handler, measures the response write as well

@@ -12,5 +12,6 @@ PROXIED_PATHS = ("/v2/{tail:.*}", "/v2", "/inference")
 
 
 def proxied(path: str) -> bool:
-    """Whether ``path`` is one the gateway forwards (for the methods in :data:`PROXIED_METHODS`)."""
+    """Whether ``path`` is one the gateway forwards. By path alone: every request on it is timed, traced and
+    logged as client traffic; only :data:`PROXIED_METHODS` are forwarded (others get a 405)."""
     return path.startswith("/v2/") or path == "/v2" or path == "/inference"

@@ -166,11 +166,15 @@ async def serve_gateway(
         ids = IdGenerator()
         extra = middlewares(metrics.registry) if middlewares else ()
         granian = config.server == "granian"
+        # On Granian the RSGI front guards, traces, times and logs every request; the aiohttp app behind it on
+        # loopback (the gateway's own routes) does none of that again.
         app = build_app(config, forwarder, balancer, upstreams, metrics, guards, ids, extra,
-                        None if scrape is None else scrape.render, autoscaler, tracing, guarded=not granian)
+                        None if scrape is None else scrape.render, autoscaler, None if granian else tracing,
+                        guarded=not granian)
         # handler_cancellation: a client that hangs up cancels its request's task, and with it the attempt
         # in flight, whose upstream connection closes, so the replica sees the disconnect too.
-        runner = web.AppRunner(app, access_log_class=access.access_logger(metrics, lines), access_log=access.LOGGER,
+        runner = web.AppRunner(app, access_log_class=access.access_logger(metrics, lines),
+                               access_log=None if granian else access.LOGGER,
                                handle_signals=False, shutdown_timeout=SHUTDOWN_GRACE_S,
                                handler_cancellation=True, **server_kwargs(config.edge.limits))
         await runner.setup()

@@ -141,11 +141,12 @@ def test_one_request_is_one_trace_whose_spans_add_up_to_the_client_latency(monke
         assert statistics.median(shares) >= 0.9, f"the {name}'s children cover {shares}"
 
 
-def test_sample_ratio_zero_records_nothing_at_either_hop_and_a_sampled_caller_is_followed() -> None:
+@pytest.mark.parametrize("server", SERVERS)
+def test_sample_ratio_zero_records_nothing_at_either_hop_and_a_sampled_caller_is_followed(server: str) -> None:
     unsampled, sampled = "5bf92f3577b34da6a3ce929d0e0e4736", "6bf92f3577b34da6a3ce929d0e0e4736"
     with otlp_receiver() as (receiver, url), \
             replica("tiny", "--otlp-endpoint", url, "--trace-sample-ratio", "0", grpc=False) as rep, \
-            gateway([rep.url], "--otlp-endpoint", url, "--trace-sample-ratio", "0") as gw:
+            gateway([rep.url], "--otlp-endpoint", url, "--trace-sample-ratio", "0", "--server", server) as gw:
         assert _post(gw.port, f"00-{unsampled}-00f067aa0ba902b7-00")[0] == 200
         # A new trace (no traceparent) at ratio 0 is not sampled either; the caller's sampled flag is followed.
         conn = http.client.HTTPConnection("127.0.0.1", gw.port, timeout=30)

@@ -69,7 +69,7 @@ class _Reply:
     def __init__(self, proto: Any) -> None:
         self.proto = proto
         self.status = 500  # until answered: a request that raises counts as failed for the guards
-        self.backend = NO_BACKEND
+        self.backend: str | None = None  # set once the forwarding core ran (as aiohttp's access log has it)
         self.attempts = self.received = self.sent = 0
 
     def send(self, status: int, headers: list[tuple[str, str]], body: bytes) -> None:
@@ -121,10 +121,11 @@ class RsgiFront:
         watch = proto.client_disconnect()
         watch.add_done_callback(hung_up)
         path = scope.path
-        forwarded = scope.method in PROXIED_METHODS and proxied(path)
+        recorded = proxied(path)  # timed, traced and logged, as on aiohttp; forwarded for the proxied methods
+        forwarded = recorded and scope.method in PROXIED_METHODS
         span = None
-        if forwarded and self._tracing is not None:
-            span = http_server_span(self._tracing, scope.method, path, dict(scope.headers.items()), _peer(scope))
+        if recorded and self._tracing is not None:
+            span = http_server_span(self._tracing, scope.method, path, scope.headers, _peer(scope))
         reply = _Reply(proto)
         try:
             await self._guarded(scope, reply, path, forwarded, task, span)
@@ -138,7 +139,7 @@ class RsgiFront:
         finally:
             watch.remove_done_callback(hung_up)
             watch.cancel()
-        if not forwarded:
+        if not recorded:
             return
         if span is not None:
             otel.end_server_span(span, reply.status)
