@@ -195,3 +195,23 @@ def test_a_grpc_call_through_the_gateway_is_one_trace_across_both_processes() ->
     assert (served.service, served.name, served.kind, served.attributes["rpc.grpc.status_code"]) == (
         "fleetserve-replica", method, SERVER, 0)
     assert [s.name for s in _children(spans, served)] == ["decode", "queue wait", "batch", "encode"]
+
+
+@pytest.mark.parametrize("server", SERVERS)
+def test_a_client_that_hangs_up_ends_its_span_marked_with_the_cancellation(server: str) -> None:
+    """The request's span ends when its client goes away before the answer, on either server: marked with
+    ``error.type``, without a status code (none was sent)."""
+    trace_id = "7bf92f3577b34da6a3ce929d0e0e4736"
+    with otlp_receiver() as (receiver, url), replica("tiny", "--extra-latency-ms", "600", grpc=False) as rep, \
+                gateway([rep.url], "--otlp-endpoint", url, "--server", server) as gw:
+        conn = http.client.HTTPConnection("127.0.0.1", gw.port, timeout=0.2)
+        conn.request("POST", "/v2/models/tiny/infer", BODY,
+                     {"Content-Type": "application/json", "traceparent": f"00-{trace_id}-{CALLER_SPAN}-01"})
+        with pytest.raises(TimeoutError):
+            conn.getresponse()
+        conn.close()
+        until_sync(lambda: any(s.parent_id == CALLER_SPAN for s in receiver.trace(trace_id)), timeout_s=30,
+                   what="the request's span exported")
+    [root] = [s for s in receiver.trace(trace_id) if s.parent_id == CALLER_SPAN]
+    assert root.attributes["error.type"] == "CancelledError", root.attributes
+    assert "http.response.status_code" not in root.attributes and root.duration_s < 0.55
