@@ -202,7 +202,7 @@ def test_a_client_that_hangs_up_ends_its_span_marked_with_the_cancellation(serve
     """The request's span ends when its client goes away before the answer, on either server: marked with
     ``error.type``, without a status code (none was sent)."""
     trace_id = "7bf92f3577b34da6a3ce929d0e0e4736"
-    with otlp_receiver() as (receiver, url), replica("tiny", "--extra-latency-ms", "600", grpc=False) as rep, \
+    with otlp_receiver() as (receiver, url), replica("tiny", "--extra-latency-ms", "1500", grpc=False) as rep, \
                 gateway([rep.url], "--otlp-endpoint", url, "--server", server) as gw:
         conn = http.client.HTTPConnection("127.0.0.1", gw.port, timeout=0.2)
         conn.request("POST", "/v2/models/tiny/infer", BODY,
@@ -214,4 +214,5 @@ def test_a_client_that_hangs_up_ends_its_span_marked_with_the_cancellation(serve
                    what="the request's span exported")
     [root] = [s for s in receiver.trace(trace_id) if s.parent_id == CALLER_SPAN]
     assert root.attributes["error.type"] == "CancelledError", root.attributes
-    assert "http.response.status_code" not in root.attributes and root.duration_s < 0.55
+    assert "http.response.status_code" not in root.attributes
+    assert root.duration_s < 1.2  # ended at the hang-up: had it waited for the answer, 1.5 s or more
