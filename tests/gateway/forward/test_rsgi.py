@@ -17,11 +17,11 @@ import pytest
 
 from fleetserve.gateway.edge import EdgeConfig, InputLimits
 from fleetserve.gateway.server import GatewayHandle, serve_gateway
-from fleetserve.telemetry.access_log import FLUSH_INTERVAL_S
 from fleetserve.wire import TIMEOUT_HEADER
 from tests.support.fake_replica import FakeReplica
 from tests.support.gateways import StartGateway, gateway_config
 from tests.support.procs import free_port
+from tests.support.waiting import until
 
 StartReplicas = Callable[[int], Awaitable[list[FakeReplica]]]
 INFER = "/v2/models/m/infer"
@@ -157,8 +157,13 @@ async def test_access_log_lines_carry_the_size_of_each_answer(
             sizes.append((res.status, len(await res.read())))
     async with client.put(gw.url + INFER, data=b"{}") as res:  # a proxied path, not forwarded: 405 from loopback
         assert res.status == 405
-    await asyncio.sleep(FLUSH_INTERVAL_S + 0.2)  # the access log writes its lines in batches
-    err = capsys.readouterr().err.splitlines()
+    err: list[str] = []
+
+    def logged() -> bool:  # the access log writes its lines in batches, a second after a batch's first line
+        err.extend(capsys.readouterr().err.splitlines())
+        return any(f"PUT {INFER} 405 " in line for line in err)
+
+    await until(logged, timeout_s=10, what="the access-log lines written")
     lines = [line for line in err if f"POST {INFER} " in line]
     assert [status for status, _ in sizes] == [200, 400] and all(size > 0 for _, size in sizes)
     assert len(lines) == 2
