@@ -48,6 +48,9 @@ class GatewayConfig:
     workers: int = option(1, "worker processes sharing the port through SO_REUSEPORT")
     server: str = option("aiohttp", "HTTP server of the public port (granian: Rust HTTP, less CPU per request; "
                          "needs the fast extra)", choices=SERVERS)
+    batch_threads: bool = option(True, "with --server granian, run Granian's I/O threads under SCHED_BATCH (Linux): "
+                                 "waking for a request, they wait for the event loop to yield the CPU they share "
+                                 "instead of preempting it", flag="--granian-batch-threads")
     backends: tuple[str, ...] = option((), "a replica, repeatable (static discovery), e.g. http://10.0.0.5:8000=2",
                                        flag="--backend", metavar="URL[=WEIGHT]")
     discovery: str = option("static", "where the backends come from (actuator: PUT /gateway/autoscale/members "

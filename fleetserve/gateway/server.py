@@ -187,7 +187,8 @@ async def serve_gateway(
                               lines, local, default_timeout_s=config.request_timeout_ms / 1000.0,
                               max_timeout_ms=config.max_request_timeout_ms, tracing=tracing,
                               policy=config.balancer.policy)
-            listener = await GranianListener.start(front, config.host, config.port, guards.limits)
+            listener = await GranianListener.start(front, config.host, config.port, guards.limits,
+                                                   batch_threads=config.batch_threads)
             port = listener.port
         else:
             site = guarded_site(runner, config.host, config.port, guards.limits, guards.observer,

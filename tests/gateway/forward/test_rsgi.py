@@ -8,7 +8,10 @@ second time on Granian (``FLEETSERVE_TEST_GATEWAY_SERVER=granian``).
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
+import os
+import threading
 from collections.abc import AsyncIterator, Awaitable, Callable
 from typing import Any
 
@@ -16,6 +19,7 @@ import aiohttp
 import pytest
 
 from fleetserve.gateway.edge import EdgeConfig, InputLimits
+from fleetserve.gateway.edge.granian import batch_schedule
 from fleetserve.gateway.server import GatewayHandle, serve_gateway
 from fleetserve.wire import TIMEOUT_HEADER
 from tests.support.fake_replica import FakeReplica
@@ -172,3 +176,41 @@ async def test_access_log_lines_carry_the_size_of_each_answer(
     assert "replica=" in lines[0] and "replica=" not in lines[1]  # the 400 was answered before any pick
     # Logged once, by the Granian front (the loopback app behind it logs nothing), as on aiohttp.
     assert len([line for line in err if f"PUT {INFER} 405 " in line]) == 1
+
+
+def _batch_threads() -> set[int]:
+    batch = set()
+    for tid in os.listdir("/proc/self/task"):
+        with contextlib.suppress(OSError):  # a thread that ended meanwhile
+            if os.sched_getscheduler(int(tid)) == os.SCHED_BATCH:
+                batch.add(int(tid))
+    return batch
+
+
+def test_batch_schedule_puts_a_thread_under_sched_batch_and_skips_one_that_does_not_exist() -> None:
+    release = threading.Event()
+    thread = threading.Thread(target=release.wait)
+    thread.start()
+    try:
+        assert thread.native_id is not None
+        assert os.sched_getscheduler(thread.native_id) == os.SCHED_OTHER
+        assert batch_schedule({thread.native_id}) == 1
+        assert os.sched_getscheduler(thread.native_id) == os.SCHED_BATCH
+    finally:
+        release.set()
+        thread.join()
+    with open("/proc/sys/kernel/pid_max") as f:
+        no_such_thread = int(f.read()) + 1
+    assert batch_schedule({no_such_thread}) == 0  # gone (or never was): nothing to schedule, no error
+
+
+@pytest.mark.parametrize("batch", [True, False])
+async def test_granians_threads_run_under_sched_batch_and_the_event_loop_does_not(
+        replicas: StartReplicas, gateway: StartGateway, client: aiohttp.ClientSession, batch: bool) -> None:
+    before = _batch_threads()
+    gw, _ = await granian(replicas, gateway, batch_threads=batch)
+    async with client.post(gw.url + INFER, data=b"{}") as res:
+        assert res.status == 200
+    started = _batch_threads() - before
+    assert threading.get_native_id() not in started
+    assert bool(started) is batch
