@@ -153,8 +153,9 @@ class RsgiFront:
                        span: Span | None) -> None:
         """Run the guards around the request and answer it (``reply`` keeps what the answer was)."""
         headers = scope.headers
+        target = _target(scope)
         try:
-            check_head(scope.method, _target(scope), headers, self._limits)
+            check_head(scope.method, target, headers, self._limits)
         except Refused as refused:
             return self._refused(reply, refused)
         guards = self._guards
@@ -179,15 +180,15 @@ class RsgiFront:
                     return self._refused(reply, refused)
                 reply.received = len(body)
                 if forwarded:
-                    return await self._forward(scope, reply, headers, body, identity, span)
-                return await self._local_route(scope, reply, headers, body)
+                    return await self._forward(scope, target, reply, headers, body, identity, span)
+                return await self._local_route(scope, target, reply, headers, body)
             finally:
                 guards.release(slot, reply.status < 400)
         finally:
             guards.leave(path)
 
-    async def _forward(self, scope: Any, reply: _Reply, headers: Any, body: bytes, identity: Identity | None,
-                       span: Span | None) -> None:
+    async def _forward(self, scope: Any, target: str, reply: _Reply, headers: Any, body: bytes,
+                       identity: Identity | None, span: Span | None) -> None:
         """Forward through the core and answer."""
         metrics = self._metrics
         rid = request_id(headers.get("x-request-id"), self._ids)
@@ -200,7 +201,7 @@ class RsgiFront:
         outgoing, traceparent = forward_headers(headers, rid, self._ids,
                                                 None if span is None else otel.traceparent(span),
                                                 {} if identity is None else headers_of(identity), _peer(scope))
-        exchange = RsgiExchange(self._pools, scope.method, _target(scope), outgoing, body, traceparent)
+        exchange = RsgiExchange(self._pools, scope.method, target, outgoing, body, traceparent)
         ctx = RequestContext(scope.method, scope.path, len(body), headers, rid)
         forwarder = self._forwarder
         metrics.inflight.inc()
@@ -221,10 +222,10 @@ class RsgiFront:
         reply_headers.append((REQUEST_ID_HEADER, rid))
         reply.send(status, reply_headers, reply_body)
 
-    async def _local_route(self, scope: Any, reply: _Reply, headers: Any, body: bytes) -> None:
+    async def _local_route(self, scope: Any, target: str, reply: _Reply, headers: Any, body: bytes) -> None:
         """A path the gateway serves itself, answered by its aiohttp application over loopback."""
         outgoing = [(k, v) for k, v in headers.items() if k not in DROP_REQUEST or k == "x-request-id"]
-        local = await self._local.request(scope.method, _target(scope), outgoing, body)
+        local = await self._local.request(scope.method, target, outgoing, body)
         reply.send(int(local.status), [(k, v) for k, v in local.headers if k.lower() not in DROP_RESPONSE
                                        or k.lower() == "x-request-id"], local.body)
 
