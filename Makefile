@@ -37,14 +37,14 @@ system-deps:
 		apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends $$missing >/dev/null; \
 	fi
 
-# The gateway's tests run a second time with the in-process gateways on Granian (--server granian).
+# The gateway's tests run a second time with the in-process gateways on aiohttp (--server aiohttp).
 test: setup
 	$(PY) -m pytest -q $(PYTEST_ARGS)
-	FLEETSERVE_TEST_GATEWAY_SERVER=granian $(PY) -m pytest -q tests/gateway $(PYTEST_ARGS)
+	FLEETSERVE_TEST_GATEWAY_SERVER=aiohttp $(PY) -m pytest -q tests/gateway $(PYTEST_ARGS)
 
 test-all: setup
 	$(PY) -m pytest -q -m "" $(PYTEST_ARGS)
-	FLEETSERVE_TEST_GATEWAY_SERVER=granian $(PY) -m pytest -q -m "" tests/gateway $(PYTEST_ARGS)
+	FLEETSERVE_TEST_GATEWAY_SERVER=aiohttp $(PY) -m pytest -q -m "" tests/gateway $(PYTEST_ARGS)
 
 demo: setup
 	$(PY) benchmarks/engine.py --quick

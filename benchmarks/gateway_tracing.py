@@ -18,7 +18,7 @@ shared: compare within a round); each round's cost relative to that round's ``of
 range over rounds.
 
     flock /tmp/fleetserve-bench.lock .venv/bin/python benchmarks/gateway_tracing.py [--duration 8] [--repeat 3] \
-        [--server aiohttp|granian]
+        [--server granian|aiohttp]
 """
 
 from __future__ import annotations
@@ -82,7 +82,7 @@ def main() -> None:
     ap.add_argument("--body-bytes", type=int, default=5000, help="approximate POST body size")
     ap.add_argument("--repeat", type=int, default=3, help="rounds of every mode, interleaved")
     ap.add_argument("--modes", default=",".join(MODES), help=f"comma list of {','.join(MODES)}")
-    ap.add_argument("--server", choices=SERVERS, default="aiohttp", help="the gateway's public server")
+    ap.add_argument("--server", choices=SERVERS, default="granian", help="the gateway's public server")
     args = ap.parse_args()
     args.baseline, args.variants = None, {}
     modes = [m for m in args.modes.split(",") if m]

@@ -33,7 +33,7 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
 # Missing from (or too old in) the GPU image; cffi and pycparser are cryptography's own needs; pytest (with
-# pluggy and iniconfig) runs the GPU tests there; granian serves the gateway's --server granian.
+# pluggy and iniconfig) runs the GPU tests there; granian is the gateway's public server.
 WHEELS = ("grpcio", "protobuf", "httptools", "PyJWT", "cryptography", "cffi", "pycparser", "orjson", "pytest", "pluggy",
           "iniconfig", "granian")
 PLATFORMS = ("manylinux_2_28_x86_64", "manylinux_2_27_x86_64", "manylinux_2_17_x86_64", "manylinux2014_x86_64",

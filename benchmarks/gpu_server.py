@@ -78,7 +78,7 @@ class RunConfig:
     serve_args: tuple[str, ...] = ()  # more `fleetserve serve` flags for every replica, e.g. --max-delay-ms 4
     fleet_concurrency: tuple[int, ...] = (32, 128)
     gateway_workers: int = 0  # 0: max(2, replicas)
-    gateway_args: tuple[str, ...] = ()  # more `fleetserve gateway` flags, e.g. --server granian
+    gateway_args: tuple[str, ...] = ()  # more `fleetserve gateway` flags, e.g. --server aiohttp
     bench_processes: int = 0  # 0: 2 against one replica, max(2, min(replicas, 4)) through the gateway
     phases: tuple[str, ...] = ("raw", "replica", "fleet")
     duration_s: float = 6.0
@@ -494,7 +494,7 @@ def parse_args(argv: list[str] | None = None) -> tuple[RunConfig, argparse.Names
     p.add_argument("--fleet-instances", type=int)
     p.add_argument("--serve-args", type=shlex.split, help="more `fleetserve serve` flags for every replica")
     p.add_argument("--gateway-workers", type=int)
-    p.add_argument("--gateway-args", type=shlex.split, help="more `fleetserve gateway` flags, e.g. '--server granian'")
+    p.add_argument("--gateway-args", type=shlex.split, help="more `fleetserve gateway` flags, e.g. '--server aiohttp'")
     p.add_argument("--bench-processes", type=int)
     p.add_argument("--instances", type=ints)
     p.add_argument("--concurrency", type=ints)

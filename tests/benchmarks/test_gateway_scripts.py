@@ -26,13 +26,13 @@ def run(script: str, *argv: str) -> str:
 
 
 def test_gateway_cpu_alternating_reports_paired_ratios() -> None:
-    out = run("gateway_cpu.py", "--alternate", "--fronts", "fleetserve", "--variant", "granian=--server granian",
+    out = run("gateway_cpu.py", "--alternate", "--fronts", "fleetserve", "--variant", "aiohttp=--server aiohttp",
               "--repeat", "2", "--duration", "1", "--warmup", "1")
-    assert "| fleetserve:granian | 2 |" in out and "CPU ÷ first front's" in out
-    assert "round 2: fleetserve:granian:" in out and " 0 errors" in out
+    assert "| fleetserve:aiohttp | 2 |" in out and "CPU ÷ first front's" in out
+    assert "round 2: fleetserve:aiohttp:" in out and " 0 errors" in out
 
 
 def test_gateway_tracing_runs_each_mode() -> None:
     out = run("gateway_tracing.py", "--modes", "off,ratio-0", "--repeat", "1", "--duration", "1", "--warmup", "1",
-              "--server", "granian")
+              "--server", "aiohttp")
     assert "round 1: off:" in out and "round 1: ratio-0:" in out and "| ratio-0 |" in out

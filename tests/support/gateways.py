@@ -13,7 +13,8 @@ from fleetserve.gateway.server import GatewayHandle
 StartGateway = Callable[..., Awaitable[GatewayHandle]]
 
 
-# The public server of every in-process test gateway (``make test-granian`` runs the gateway tests on Granian).
+# The public server of every in-process test gateway when set (``make test`` runs the gateway tests a second time
+# with it set to aiohttp); unset, the gateway's default.
 SERVER_ENV = "FLEETSERVE_TEST_GATEWAY_SERVER"
 
 
@@ -22,6 +23,6 @@ def gateway_config(backends: Sequence[str], **overrides: Any) -> GatewayConfig:
     balancer = overrides.pop("balancer", None) or BalancerConfig()
     settings: dict[str, Any] = {"host": "127.0.0.1", "port": 0, "backends": tuple(backends),
                                 "health_checks": False, "balancer": balancer,
-                                "server": os.environ.get(SERVER_ENV, "aiohttp")}
+                                "server": os.environ.get(SERVER_ENV, GatewayConfig.server)}
     settings.update(overrides)
     return GatewayConfig(**settings)

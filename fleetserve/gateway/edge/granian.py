@@ -1,5 +1,5 @@
-"""The public HTTP listener on Granian (``--server granian``): Granian's embedded server in the gateway's own
-event loop, serving the RSGI application of :mod:`fleetserve.gateway.forward.rsgi`.
+"""The public HTTP listener on Granian (``--server granian``, the default): Granian's embedded server in the
+gateway's own event loop, serving the RSGI application of :mod:`fleetserve.gateway.forward.rsgi`.
 
 The embedded server (``granian.server.embed``, marked experimental by Granian; the range in ``pyproject.toml``
 pins the API) runs one Granian worker as a task of this loop, so the gateway's balancer, guards and metrics

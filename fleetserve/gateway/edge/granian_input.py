@@ -1,5 +1,5 @@
-"""The input limits on a request that arrives through Granian (``--server granian``), as the aiohttp front's
-middlewares apply them (:mod:`.limits`, :mod:`.jsonscan`), for :mod:`fleetserve.gateway.forward.rsgi`:
+"""The input limits on a request that arrives through Granian (``--server granian``, the default), as the aiohttp
+front's middlewares apply them (:mod:`.limits`, :mod:`.jsonscan`), for :mod:`fleetserve.gateway.forward.rsgi`:
 
 - the head: over ``max_header_bytes`` or ``max_headers`` lines, 431; a declared body over ``max_body_bytes``, 413;
 - the body: read within ``body_read_timeout_s`` (408), bounded also when chunked (413), a JSON body's depth and

@@ -1,4 +1,4 @@
-"""The gateway's public HTTP port on Granian (``--server granian``): an RSGI application.
+"""The gateway's public HTTP port on Granian (``--server granian``, the default): an RSGI application.
 
 Granian (https://github.com/emmett-framework/granian) parses and writes HTTP in Rust, outside the interpreter.
 This application gives every request what the aiohttp front gives it, in the order of :mod:`..edge.stack`,

@@ -215,7 +215,7 @@ async def test_workers_forward_verified_identity_and_enforce_scopes_and_head_dea
     started = time.monotonic()
     writer.write(b"POST /inference HTTP/1.1\r\nHost: gw\r\nX-Slow: ")
     answer = await asyncio.wait_for(reader.read(), timeout=10)  # until the gateway closes the connection
-    assert answer.startswith(b"HTTP/1.1 408"), answer
+    assert answer == b"", answer  # Granian, the default server, disconnects a late head (aiohttp answers 408)
     assert 0.9 <= time.monotonic() - started < 4.0
     writer.close()
 

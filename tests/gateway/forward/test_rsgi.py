@@ -1,8 +1,8 @@
 """The gateway's public port on Granian (``--server granian``): what the RSGI front does itself — input limits,
 the loopback hop to the gateway's own routes, headers — with real Granian and fake replicas.
 
-Everything else the gateway does is the same code on both servers; ``make test`` runs the whole gateway suite a
-second time on Granian (``FLEETSERVE_TEST_GATEWAY_SERVER=granian``).
+Everything else the gateway does is the same code on both servers; ``make test`` runs the whole gateway suite on
+Granian, the default, and a second time on aiohttp (``FLEETSERVE_TEST_GATEWAY_SERVER=aiohttp``).
 """
 
 from __future__ import annotations
