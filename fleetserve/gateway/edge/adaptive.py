@@ -36,11 +36,6 @@ architecture docs), with changes taken from Netflix's concurrency-limits (Netfli
   buffer, 100%, is what a batching replica needs: a request that arrives while a batch runs waits for it and
   then for its own, up to twice the no-load latency, without any queue beyond the next batch (Envoy's 25%
   takes that wait for queueing and keeps fewer in flight than such a replica needs to fill its batches).
-- **Requests still in flight count too.** A finished request's latency is that of the queue it joined, so
-  when an overload starts the first updates see the calm's latencies while the queue grows behind them (the
-  burst's first second held the admitted p99 at 1.3-1.4x the rest's, BENCHMARKS.md §4.4). When the median age
-  in flight exceeds what the update's latencies predict for a steady state (:func:`steady_median_age`), the
-  sample grows by that ratio, for any shape of latency distribution; it never lowers the sample.
 - **A latency floor** (``latency_floor_ms``, 50 ms by default; not in Envoy or Netflix's limits): a median
   latency at or below it is never a reason to shrink the limit, the way CoDel (Nichols and Jacobson,
   "Controlling Queue Delay", ACM Queue 2012; RFC 8289) drops nothing while the queue delay stays under its
@@ -69,6 +64,7 @@ architecture docs), with changes taken from Netflix's concurrency-limits (Netfli
   exactly that: latency up by half while bursts of requests wait on the stalled replica; shrinking there
   refuses the next burst without shortening any queue. An overload reaches the limit within an update, and
   from then on the gradient applies in full.
+
 - **While the fleet grows** (``try_acquire(unlimited)`` with ``unlimited()`` true: the gateway's autoscaler is
   adding replicas) a request at the limit is admitted all the same. An update after such admissions never
   shrinks the limit and lifts it to the in-flight count the fleet carried, so once the fleet stops growing the
@@ -114,21 +110,6 @@ def percentile(samples: list[float] | deque[float], pct: float) -> float:
     return ordered[min(len(ordered) - 1, max(0, math.ceil(pct / 100 * len(ordered)) - 1))]
 
 
-def steady_median_age(latencies: list[float]) -> float:
-    """The median age in flight at a random moment of a steady state whose requests take ``latencies``: ages
-    have the density S(a) / mean, S the latency's survival function (renewal theory's age distribution:
-    Kleinrock, *Queueing Systems* vol. 1, §5.2), so it solves mean(min(latency, a)) = mean(latency) / 2: half
-    a constant latency, an exponential one's median."""
-    ordered = sorted(latencies)
-    left = sum(ordered) / 2  # what mean(min(latency, a)) * n must reach
-    for k, value in enumerate(ordered):
-        a = left / (len(ordered) - k)  # the latencies from the k-th on each add a
-        if a <= value:
-            return a
-        left -= value
-    return ordered[-1]
-
-
 class GradientController:
     """The concurrency limit and its inputs; see the module docstring for the algorithm."""
 
@@ -140,7 +121,6 @@ class GradientController:
         self._initial = min(config.max_concurrency, max(config.min_concurrency, config.initial_concurrency))
         self._limit = self._initial
         self._inflight = 0
-        self._open: dict[Token, None] = {}  # the admitted requests not yet released, oldest first
         self._samples: list[float] = []
         self._low_load: deque[float] = deque(maxlen=config.min_rtt_samples)
         self._peaks: deque[int] = deque([0], maxlen=APP_LIMITED_UPDATES)
@@ -176,8 +156,7 @@ class GradientController:
 
     @property
     def sample_rtt(self) -> float | None:
-        """The latency the last update acted on (seconds): of the requests that finished since the one before,
-        or of those still in flight, whichever was higher."""
+        """The latency of the last update interval (seconds)."""
         return self._sample_rtt
 
     @property
@@ -196,7 +175,6 @@ class GradientController:
                 return None
             self._beyond += 1
         token = Token(now, self._epoch, self._inflight < self._config.min_concurrency)
-        self._open[token] = None
         self._inflight += 1
         if self._inflight > self._peaks[-1]:
             self._peaks[-1] = self._inflight
@@ -207,7 +185,6 @@ class GradientController:
         if token.released:
             raise RuntimeError("token released twice")
         token.released = True
-        del self._open[token]
         self._inflight -= 1
         if ok and token.epoch == self._epoch:
             if len(self._samples) < MAX_SAMPLES:
@@ -226,7 +203,7 @@ class GradientController:
             self._enter_window()
         elif now >= self._next_update and len(self._samples) >= self._config.min_update_samples:
             self._next_update = now + self._config.update_interval_s
-            self._update_limit(now)
+            self._update_limit()
             self._peaks.append(self._inflight)
             self._refusals.append(0)
 
@@ -250,11 +227,8 @@ class GradientController:
         if interval > 0:
             self._next_window = now + interval + self._rng.uniform(0, interval * self._config.jitter_percent / 100)
 
-    def _update_limit(self, now: float) -> None:
+    def _update_limit(self) -> None:
         sample = percentile(self._samples, self._config.sample_percentile)
-        expected = steady_median_age(self._samples) if self._open else 0.0
-        if expected > 0:  # requests in flight older than these latencies allow: a queue that has not answered yet
-            sample *= max(1.0, percentile([now - token.started_at for token in self._open], 50) / expected)
         self._samples.clear()
         self._sample_rtt = sample
         buffered = max(self._follow_min_rtt(sample) * (1 + self._config.rtt_buffer_percent / 100),
