@@ -45,7 +45,7 @@ class GatewayConfig:
     port: int = option(8080, "HTTP port (0: any free port)")
     grpc_port: int = option(0, "gRPC port balancing KServe ModelInfer per call (0: no gRPC listener)")
     workers: int = option(1, "worker processes sharing the port through SO_REUSEPORT")
-    server: str = option("granian", "HTTP server of the public port (granian: Rust HTTP, half the CPU per request; "
+    server: str = option("granian", "HTTP server of the public port (granian: Rust HTTP, 0.6x the CPU per request; "
                          "aiohttp: answers a slow request head 408 and takes extra aiohttp middlewares)",
                          choices=SERVERS)
     batch_threads: bool = option(True, "on Granian, run Granian's I/O threads under SCHED_BATCH (Linux): waking for a "
