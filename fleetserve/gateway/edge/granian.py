@@ -62,7 +62,7 @@ def _reserve(host: str, port: int) -> socket.socket:
     return sock
 
 
-def _threads() -> set[int]:
+def thread_ids() -> set[int]:
     """This process's thread ids (Linux; empty elsewhere)."""
     try:
         return {int(tid) for tid in os.listdir("/proc/self/task")}
@@ -117,12 +117,12 @@ class GranianListener:
             server = Server(app, address=host, port=port, interface=Interfaces.RSGI, http=HTTPModes.http1,
                             websockets=False, backlog=BACKLOG, backpressure=limits.max_connections,
                             http1_settings=settings, log_enabled=False)
-            before = _threads()
+            before = thread_ids()
             task = asyncio.create_task(server.serve())
             await cls._ready(task, _loopback(host), port)
             if batch_threads:
                 # The threads Granian started; the loop's own thread (this one) stays as it is.
-                batch_schedule(_threads() - before - {threading.get_native_id()})
+                batch_schedule(thread_ids() - before - {threading.get_native_id()})
         finally:
             reserved.close()
         return cls(server, task, port)

@@ -19,7 +19,7 @@ import aiohttp
 import pytest
 
 from fleetserve.gateway.edge import EdgeConfig, InputLimits
-from fleetserve.gateway.edge.granian import batch_schedule
+from fleetserve.gateway.edge.granian import batch_schedule, thread_ids
 from fleetserve.gateway.server import GatewayHandle, serve_gateway
 from fleetserve.wire import TIMEOUT_HEADER
 from tests.support.fake_replica import FakeReplica
@@ -180,10 +180,10 @@ async def test_access_log_lines_carry_the_size_of_each_answer(
 
 def _batch_threads() -> set[int]:
     batch = set()
-    for tid in os.listdir("/proc/self/task"):
+    for tid in thread_ids():
         with contextlib.suppress(OSError):  # a thread that ended meanwhile
-            if os.sched_getscheduler(int(tid)) == os.SCHED_BATCH:
-                batch.add(int(tid))
+            if os.sched_getscheduler(tid) == os.SCHED_BATCH:
+                batch.add(tid)
     return batch
 
 
