@@ -114,15 +114,36 @@ def test_limit_grows_by_a_quarter_plus_headroom_while_latency_stays_at_min_rtt()
     assert limits == [3, 5, 8, 13, 20]
 
 
-def test_an_app_limited_limit_does_not_grow() -> None:
+def test_a_limit_grows_by_its_headroom_alone_until_demand_reaches_it() -> None:
     clock = FakeClock()
     c = controller(clock, min_concurrency=4, initial_concurrency=4)
     finish_min_rtt_window(c, clock, 0.010)
     for _ in range(10):
         run_interval(c, clock, 0.010, busy=1)  # demand keeps in-flight at 1, below half of the limit
     assert c.limit == 4
-    run_interval(c, clock, 0.010, busy=2)
-    assert c.limit > 4
+    run_interval(c, clock, 0.010, busy=2)  # half the limit used, none held back: the headroom, not the gradient
+    assert c.limit == 4 + 2
+    run_interval(c, clock, 0.010, busy=7)  # the limit held one back: gradient 1.25 (the RTT buffer)
+    assert c.limit == int(7.5 + 7.5**0.5)
+
+
+def test_a_limit_grows_by_the_headroom_alone_while_a_queue_builds_faster_than_answers_show() -> None:
+    """Little's law: 4 answers in 100 ms at 10 ms explain 0.4 requests in flight, not the 28 still there, so the
+    low latency is of requests that started before the queue did (the first update of an overload)."""
+    limits = []
+    for answered in (32, 4):
+        clock = FakeClock()
+        c = controller(clock, initial_concurrency=32)
+        finish_min_rtt_window(c, clock, 0.010)
+        tokens = [c.try_acquire() for _ in range(33)]
+        assert tokens.pop() is None
+        for token in tokens[:answered]:
+            assert token is not None
+            c.release(token, 0.010, ok=True)
+        clock.now += 0.1
+        c.try_acquire()
+        limits.append(c.limit)
+    assert limits == [int(40 + 40**0.5), int(32 + 32**0.5)]  # gradient 1.25 (the RTT buffer), then 1
 
 
 def test_an_app_limited_limit_moves_to_twice_the_peak_but_not_below_the_initial_limit() -> None:
