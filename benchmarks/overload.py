@@ -384,6 +384,10 @@ def analyse(setting: str, capacity: float, phases: list[Phase], outcomes: list[t
         "goodput_share": good / phases[2].seconds / capacity,
         "recovery_s": recovery(by["after"], burst_end, phases[3].seconds, p60_p99),
         "after_failed": float(sum(1 for o in by["after"] if o.status != 200)),
+        # When the last of them was due, from the burst's end: beside recovery_s, it tells whether a late
+        # failure or a slow bin put off the recovery.
+        "after_last_failure_s": max((o.scheduled - burst_end for o in by["after"] if o.status != 200),
+                                    default=float("nan")),
         "burst_gateway_cpu_cores": burst_cpu(rss, burst_start, burst_end),
         "rss_before_mib": max((m for t, m, _, _ in rss if t < burst_start), default=float("nan")),
         "rss_peak_mib": max((m for _, m, _, _ in rss), default=float("nan")),
