@@ -38,7 +38,7 @@ architecture docs), with changes taken from Netflix's concurrency-limits (Netfli
   before a queue did (an overload's first update), and the limit grows by the square-root headroom alone,
   as Gradient2Limit always grows. Without this and the "used, never reached" rule below, a 3x burst's
   first updates doubled the limit on the calm phase's latencies, and the burst's admitted p99 was 2.1-4.2x
-  the unloaded p99 where it is 2.0-2.4x with them (BENCHMARKS.md §4.4). The default buffer, 100%, is what a
+  the unloaded p99 where it is 2.0-2.5x with them (BENCHMARKS.md §4.4). The default buffer, 100%, is what a
   batching replica needs: a request that arrives while a batch runs waits for it and then for its own, up to
   twice the no-load latency, without any queue beyond the next batch (Envoy's 25% takes that wait for
   queueing and keeps fewer in flight than such a replica needs to fill its batches).
