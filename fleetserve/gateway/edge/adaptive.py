@@ -235,6 +235,7 @@ class GradientController:
         self._peaks.append(self._inflight)
         self._refusals.append(0)
         self._next_update = now + self._config.update_interval_s
+        self._finished, self._last_update = 0, now  # the window's few answers say nothing of the rate after it
         interval = self._config.min_rtt_interval_s
         if interval > 0:
             self._next_window = now + interval + self._rng.uniform(0, interval * self._config.jitter_percent / 100)

@@ -146,6 +146,23 @@ def test_a_limit_grows_by_the_headroom_alone_while_a_queue_builds_faster_than_an
     assert limits == [int(40 + 40**0.5), int(32 + 32**0.5)]  # gradient 1.25 (the RTT buffer), then 1
 
 
+def test_the_rate_for_littles_law_is_measured_from_the_end_of_a_min_rtt_window() -> None:
+    """A window of 10 s with its 50 answers is not the rate of the interval after it: 28 answers in 100 ms at
+    10 ms explain 2.8 requests in flight, enough for the 4 still there, so the gradient applies."""
+    clock = FakeClock()
+    c = controller(clock, initial_concurrency=32)
+    clock.now += 10.0
+    finish_min_rtt_window(c, clock, 0.010)
+    tokens = [c.try_acquire() for _ in range(33)]
+    assert tokens.pop() is None
+    for token in tokens[:28]:
+        assert token is not None
+        c.release(token, 0.010, ok=True)
+    clock.now += 0.1
+    c.try_acquire()
+    assert c.limit == int(40 + 40**0.5)  # gradient 1.25 (the RTT buffer)
+
+
 def test_an_app_limited_limit_moves_to_twice_the_peak_but_not_below_the_initial_limit() -> None:
     clock = FakeClock()
     c = controller(clock, initial_concurrency=16)
