@@ -141,8 +141,7 @@ class GradientController:
         self._min_rtt: float | None = None
         self._low_limit_updates = 0
         self._sample_rtt: float | None = None
-        self._next_update = clock() + config.update_interval_s
-        self._last_update = clock()
+        self._next_update = clock() + config.update_interval_s  # the last update was an interval before it
         self._finished = 0  # requests released since the last update, for Little's law
         self._next_window = math.inf
         if config.min_rtt_interval_s > 0:
@@ -214,8 +213,9 @@ class GradientController:
         if now >= self._next_window:
             self._enter_window()
         elif now >= self._next_update and len(self._samples) >= self._config.min_update_samples:
+            since = now - (self._next_update - self._config.update_interval_s)
             self._next_update = now + self._config.update_interval_s
-            self._update_limit(now)
+            self._update_limit(since)
             self._peaks.append(self._inflight)
             self._refusals.append(0)
 
@@ -235,16 +235,17 @@ class GradientController:
         self._peaks.append(self._inflight)
         self._refusals.append(0)
         self._next_update = now + self._config.update_interval_s
-        self._finished, self._last_update = 0, now  # the window's few answers say nothing of the rate after it
+        self._finished = 0  # the window's answers say nothing of the rate after it
         interval = self._config.min_rtt_interval_s
         if interval > 0:
             self._next_window = now + interval + self._rng.uniform(0, interval * self._config.jitter_percent / 100)
 
-    def _update_limit(self, now: float) -> None:
+    def _update_limit(self, since: float) -> None:
+        """The limit for the next interval, from the requests finished in the ``since`` seconds since the last."""
         sample = percentile(self._samples, self._config.sample_percentile)
         # Little's law: the requests in flight that the finished ones' rate and mean latency account for.
-        explained = self._finished / max(now - self._last_update, 1e-9) * sum(self._samples) / len(self._samples)
-        self._finished, self._last_update = 0, now
+        explained = self._finished / max(since, 1e-9) * sum(self._samples) / len(self._samples)
+        self._finished = 0
         self._samples.clear()
         self._sample_rtt = sample
         buffered = max(self._follow_min_rtt(sample) * (1 + self._config.rtt_buffer_percent / 100),

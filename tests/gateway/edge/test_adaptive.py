@@ -127,6 +127,18 @@ def test_a_limit_grows_by_its_headroom_alone_until_demand_reaches_it() -> None:
     assert c.limit == int(7.5 + 7.5**0.5)
 
 
+def fill_and_answer(c: GradientController, clock: FakeClock, answered: int) -> None:
+    """One more request than the limit of 32 (refused), ``answered`` of the 32 admitted answered at 10 ms, the
+    rest still in flight when the next update is due, 100 ms later."""
+    tokens = [c.try_acquire() for _ in range(33)]
+    assert tokens.pop() is None
+    for token in tokens[:answered]:
+        assert token is not None
+        c.release(token, 0.010, ok=True)
+    clock.now += 0.1
+    c.try_acquire()  # the due update happens on this call
+
+
 def test_a_limit_grows_by_the_headroom_alone_while_a_queue_builds_faster_than_answers_show() -> None:
     """Little's law: 4 answers in 100 ms at 10 ms explain 0.4 requests in flight, not the 28 still there, so the
     low latency is of requests that started before the queue did (the first update of an overload)."""
@@ -135,32 +147,26 @@ def test_a_limit_grows_by_the_headroom_alone_while_a_queue_builds_faster_than_an
         clock = FakeClock()
         c = controller(clock, initial_concurrency=32)
         finish_min_rtt_window(c, clock, 0.010)
-        tokens = [c.try_acquire() for _ in range(33)]
-        assert tokens.pop() is None
-        for token in tokens[:answered]:
-            assert token is not None
-            c.release(token, 0.010, ok=True)
-        clock.now += 0.1
-        c.try_acquire()
+        fill_and_answer(c, clock, answered)
         limits.append(c.limit)
     assert limits == [int(40 + 40**0.5), int(32 + 32**0.5)]  # gradient 1.25 (the RTT buffer), then 1
 
 
 def test_the_rate_for_littles_law_is_measured_from_the_end_of_a_min_rtt_window() -> None:
-    """A window of 10 s with its 50 answers is not the rate of the interval after it: 28 answers in 100 ms at
-    10 ms explain 2.8 requests in flight, enough for the 4 still there, so the gradient applies."""
+    """A window and its answers are not the rate of the interval after it. After a window of 10 s, 28 answers in
+    100 ms at 10 ms explain 2.8 requests in flight, enough for the 4 still there: the gradient applies. After a
+    window of 400 answers, 1 answer in 100 ms explains 0.1, not the 31 still there: the headroom alone."""
     clock = FakeClock()
     c = controller(clock, initial_concurrency=32)
     clock.now += 10.0
     finish_min_rtt_window(c, clock, 0.010)
-    tokens = [c.try_acquire() for _ in range(33)]
-    assert tokens.pop() is None
-    for token in tokens[:28]:
-        assert token is not None
-        c.release(token, 0.010, ok=True)
-    clock.now += 0.1
-    c.try_acquire()
+    fill_and_answer(c, clock, 28)
     assert c.limit == int(40 + 40**0.5)  # gradient 1.25 (the RTT buffer)
+    clock = FakeClock()
+    c = controller(clock, initial_concurrency=32, min_rtt_samples=400)
+    finish_min_rtt_window(c, clock, 0.010, samples=400)
+    fill_and_answer(c, clock, 1)
+    assert c.limit == int(32 + 32**0.5)  # gradient 1
 
 
 def test_an_app_limited_limit_moves_to_twice_the_peak_but_not_below_the_initial_limit() -> None:
