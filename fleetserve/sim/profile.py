@@ -1,15 +1,15 @@
 """Engine profiles: what one replica's engine costs, measured once, read by the simulator and the planner.
 
-A profile holds the service time of one batch per (batch size, padded sequence length) — mean, standard
-deviation and quantiles over repeated runs of one engine instance, back to back and after the instance
-idled — plus what else a replica costs: CPU per request on the replica (HTTP, JSON, tokenizer, batching)
-and on the gateway, the wall time each of them adds to a request at low load (CPU plus waiting: loopback,
-thread wake-ups and hand-offs), how late the batcher's timer fires, the time from process
-start to ready (cold start), how much concurrent work the device overlaps (``device_capacity``: 1.0 for a
-CPU instance that owns its cores; a GPU runs several instances' kernels partly side by side), and the
-tokenized length mix of the benchmark workload. ``fleetserve profile`` writes it (:mod:`fleetserve.sim.profiler`);
-``derived_from`` marks a profile whose numbers were transcribed from a recorded benchmark rather than
-measured by that command. The JSON format is versioned by ``format``.
+A profile holds the service time of one batch per (batch size, padded sequence length) — mean, standard deviation
+and quantiles over repeated runs of one engine instance, back to back and after the instance idled (and how long a
+wait makes a call one after idling) — plus what else a replica costs: CPU per request on the replica (HTTP, JSON,
+tokenizer, batching) and on the gateway, the wall time each of them adds to a request at low load (CPU plus
+waiting: loopback, thread wake-ups and hand-offs), how late the batcher's timer fires, the time from process start
+to ready (cold start), how much concurrent work the device overlaps (``device_capacity``: 1.0 for a CPU instance
+that owns its cores; a GPU runs several instances' kernels partly side by side), and the tokenized length mix of
+the benchmark workload. ``fleetserve profile`` writes it (:mod:`fleetserve.sim.profiler`); ``derived_from`` marks a
+profile whose numbers were transcribed from a recorded benchmark rather than measured by that command. The JSON
+format is versioned by ``format``.
 
 Service time between measured points is interpolated linearly in batch size and in sequence length (an
 engine's cost is close to linear in both between neighbouring shapes); a batch is drawn from a lognormal
@@ -138,6 +138,9 @@ class Profile:
     replica_busy_cpu_s: float | None = None
     gateway_busy_cpu_s: float | None = None
     timer_lag_s: float = 0.0  # how late the batcher's max-delay timer fires (event-loop timer resolution)
+    # The shortest wait for work after which an engine call runs at its after-idle timing (a core that waited a
+    # few milliseconds is still awake and warm); 0: any wait, as profiles recorded before it was measured assume.
+    idle_after_s: float = 0.0
     cold_start_s: float | None = None  # process start to ready; None: not measured
     lengths: LengthMix = field(default_factory=lambda: LengthMix.fixed(32))
     seq_buckets: tuple[int, ...] = (16, 32, 64, 128, 256, 512)
@@ -159,8 +162,8 @@ class Profile:
         if self.threads < 1 or self.device_capacity <= 0:
             raise ValueError("profile threads must be >= 1 and device_capacity > 0")
         if min(self.replica_cpu_s, self.gateway_cpu_s, self.replica_wall_s, self.gateway_wall_s,
-               self.timer_lag_s, self.replica_busy_cpu_s or 0.0, self.gateway_busy_cpu_s or 0.0) < 0:
-            raise ValueError("profile CPU costs, wall times and timer lag must be >= 0")
+               self.timer_lag_s, self.idle_after_s, self.replica_busy_cpu_s or 0.0, self.gateway_busy_cpu_s or 0.0) < 0:
+            raise ValueError("profile CPU costs, wall times, timer lag and idle_after_s must be >= 0")
         if self.cost_per_hour is not None and self.cost_per_hour < 0:
             raise ValueError(f"cost_per_hour must be >= 0, got {self.cost_per_hour}")
         if not self.name:

@@ -10,6 +10,7 @@ plan`` and the simulator read.
 from __future__ import annotations
 
 import asyncio
+import functools
 import os
 import platform
 import random
@@ -26,6 +27,7 @@ from fleetserve.sim.profiler import (
     ProfileConfig,
     default_seq_lengths,
     feeds,
+    idle_threshold,
     length_mix,
     measure_capacity,
     measure_grid,
@@ -100,6 +102,9 @@ def run(options: ProfileOptions) -> int:
 
     load_before = os.getloadavg()[0]
     service = measure_grid(engine.instance().infer, inputs, batch_sizes, seq_lengths, config, progress=say)
+    small = feeds(inputs, batch_sizes[0], seq_lengths[min(1, len(seq_lengths) - 1)], random.Random(config.seed))
+    idle_after = idle_threshold(functools.partial(engine.instance().infer, small), config)
+    say(f"a wait of {idle_after * 1e3:g} ms or more counts as idle")
     capacity = 1.0
     if engine.device != "cpu":
         middle = (batch_sizes[len(batch_sizes) // 2], seq_lengths[len(seq_lengths) // 2])
@@ -133,6 +138,7 @@ def run(options: ProfileOptions) -> int:
         device_capacity=capacity, replica_cpu_s=costs.replica_cpu_s if costs else 0.0,
         gateway_cpu_s=costs.gateway_cpu_s if costs else 0.0, replica_wall_s=costs.replica_wall_s if costs else 0.0,
         gateway_wall_s=costs.gateway_wall_s if costs else 0.0, timer_lag_s=costs.timer_lag_s if costs else 0.0,
+        idle_after_s=idle_after,
         replica_busy_cpu_s=costs.replica_busy_cpu_s if costs else None,
         gateway_busy_cpu_s=costs.gateway_busy_cpu_s if costs else None,
         cold_start_s=costs.cold_start_s if costs else None,

@@ -10,8 +10,8 @@ process which requests form the next batch and when (sequence buckets, ``max_del
 bound). The collator's timer fires ``timer_lag_s`` late, as the event loop's does. A batch runs on a free engine
 instance for a service time drawn from the profile for its rows and padded length (the longest request, or the
 bucket for engines that run fixed shapes): the back-to-back timing when the instance goes straight from one batch to
-the next, the after-idle timing when it waited for work (any wait); scaled by a slow-GPU factor when one is
-injected. A full queue answers 503 at once, like ``Batcher.submit``.
+the next or waited for work less than the profile's ``idle_after_s``, the after-idle timing when it waited longer;
+scaled by a slow-GPU factor when one is injected. A full queue answers 503 at once, like ``Batcher.submit``.
 
 Lifecycle: ``ready`` → (crash) ``down`` → (restart + cold start) ``ready``; new replicas start in
 ``starting``. A crash drops everything in hand (the gateway sees resets) and refuses connections until the
@@ -59,6 +59,7 @@ class SimReplica:
         self._cpu_s = profile.replica_cpu_s
         self._busy_cpu_s = profile.replica_loaded_cpu_s
         self._timer_lag_s = profile.timer_lag_s
+        self._idle_after_s = profile.idle_after_s
         self._freed_at: dict[Server, float] = {}  # when each instance last finished a batch
         self._timeout_s = batcher.default_timeout_s
         self._wake_token = 0
@@ -155,7 +156,8 @@ class SimReplica:
         self.inflight_rows += rows
         self.batches += 1
         self.batched_rows += rows
-        idle = self._freed_at.get(instance) != self.loop.now  # not straight on from its last batch
+        freed = self._freed_at.get(instance)
+        idle = freed is None or 0.0 < self.loop.now - freed >= self._idle_after_s
         instance.submit(self._sample(rows, seq, idle) * self.slow_factor, self._ran, (instance, entries, rows))
 
     def _ran(self, job: tuple[Server, tuple[Pending[Request], ...], int]) -> None:

@@ -13,7 +13,7 @@ def linear_profile(
     replica_cpu_s: float = 0.0, gateway_cpu_s: float = 0.0, lengths: LengthMix | None = None,
     cold_start_s: float | None = 1.0, cost_per_hour: float | None = None, idle_extra_s: float | None = None,
     replica_wall_s: float = 0.0, gateway_wall_s: float = 0.0, timer_lag_s: float = 0.0,
-    replica_busy_cpu_s: float | None = None, gateway_busy_cpu_s: float | None = None,
+    replica_busy_cpu_s: float | None = None, gateway_busy_cpu_s: float | None = None, idle_after_s: float = 0.0,
 ) -> Profile:
     """Service time = base + per_row × rows (independent of length), with coefficient of variation ``cv``;
     ``idle_extra_s`` more for a call after idling (None: not measured)."""
@@ -29,6 +29,6 @@ def linear_profile(
         service=tuple(tuple(timing(b) for _ in LENGTHS) for b in BATCHES),
         replica_cpu_s=replica_cpu_s, gateway_cpu_s=gateway_cpu_s, cold_start_s=cold_start_s,
         replica_wall_s=replica_wall_s, gateway_wall_s=gateway_wall_s, timer_lag_s=timer_lag_s,
-        replica_busy_cpu_s=replica_busy_cpu_s, gateway_busy_cpu_s=gateway_busy_cpu_s,
+        replica_busy_cpu_s=replica_busy_cpu_s, gateway_busy_cpu_s=gateway_busy_cpu_s, idle_after_s=idle_after_s,
         lengths=lengths or LengthMix.fixed(20), name=name, cost_per_hour=cost_per_hour,
     )

@@ -63,18 +63,21 @@ def test_an_idle_timing_needs_both_its_mean_and_spread() -> None:
         linear_profile(replica_wall_s=-0.001)
     with pytest.raises(ValueError, match="CPU costs"):
         linear_profile(gateway_busy_cpu_s=-0.001)
+    with pytest.raises(ValueError, match="idle_after_s"):
+        linear_profile(idle_after_s=-0.001)
 
 
 def test_a_profile_from_before_wall_times_and_idle_timings_still_loads() -> None:
     data = linear_profile(idle_extra_s=0.001, replica_wall_s=0.002, timer_lag_s=0.0003, replica_cpu_s=0.001,
                           replica_busy_cpu_s=0.0005).to_json()
-    for key in ("replica_wall_s", "gateway_wall_s", "timer_lag_s", "replica_busy_cpu_s", "gateway_busy_cpu_s"):
+    for key in ("replica_wall_s", "gateway_wall_s", "timer_lag_s", "replica_busy_cpu_s", "gateway_busy_cpu_s",
+                "idle_after_s"):
         del data[key]
     for row in data["service"]:
         for timing in row:
             del timing["idle_mean_s"], timing["idle_std_s"]
     old = Profile.from_json(json.loads(json.dumps(data)))
-    assert (old.replica_wall_s, old.gateway_wall_s, old.timer_lag_s) == (0.0, 0.0, 0.0)
+    assert (old.replica_wall_s, old.gateway_wall_s, old.timer_lag_s, old.idle_after_s) == (0.0, 0.0, 0.0, 0.0)
     assert old.service[0][0].idle_mean_s is None and old.timing(1, 16, idle=True) == old.timing(1, 16)
     assert old.replica_busy_cpu_s is None and old.replica_loaded_cpu_s == old.replica_cpu_s == 0.001
 
@@ -91,7 +94,7 @@ def test_length_mix_draws_in_proportion_to_weights() -> None:
 def test_a_profile_survives_a_json_round_trip(tmp_path: Path) -> None:
     p = linear_profile(cv=0.1, name="gpu-a", cost_per_hour=2.5, idle_extra_s=0.0002, replica_cpu_s=0.001,
                        replica_wall_s=0.002, gateway_wall_s=0.001, timer_lag_s=0.0003, replica_busy_cpu_s=0.0004,
-                       gateway_busy_cpu_s=0.0002)
+                       gateway_busy_cpu_s=0.0002, idle_after_s=0.005)
     path = tmp_path / "p.json"
     p.save(path)
     assert Profile.load(path) == p

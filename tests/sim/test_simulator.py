@@ -72,6 +72,15 @@ def test_an_engine_straight_on_from_a_batch_runs_at_the_back_to_back_speed() -> 
     assert busy.error_count == 0 and busy.utilisation / 200.0 < 0.0055
 
 
+def test_a_wait_shorter_than_the_profiles_idle_threshold_keeps_the_back_to_back_speed() -> None:
+    """At 5 req/s the engine waits ~200 ms between requests: an idle spell past a 10 ms threshold, not a 10 s one."""
+    def lone_p50(idle_after_s: float) -> float:
+        profile = linear_profile(base_s=0.004, idle_extra_s=0.003, idle_after_s=idle_after_s)
+        return simulate(_config(1, 5.0, batcher=NO_BATCHING, groups=(ReplicaGroup(profile, 1),), requests=200)).p("p50")
+
+    assert (lone_p50(0.01), lone_p50(10.0)) == pytest.approx((0.007, 0.004), abs=1e-6)
+
+
 @pytest.mark.parametrize("part", ["replica", "gateway"])
 def test_a_request_that_finds_its_process_busy_pays_the_busy_cpu(part: str) -> None:
     """A lone request costs the one-in-flight CPU; under load, requests that find the event loop (or gateway
