@@ -25,6 +25,7 @@ from fleetserve.options import option, positive_ints, section
 from fleetserve.sim.profile import LengthMix, Profile
 from fleetserve.sim.profiler import (
     ProfileConfig,
+    after_waits,
     default_seq_lengths,
     feeds,
     idle_threshold,
@@ -103,8 +104,11 @@ def run(options: ProfileOptions) -> int:
     load_before = os.getloadavg()[0]
     service = measure_grid(engine.instance().infer, inputs, batch_sizes, seq_lengths, config, progress=say)
     small = feeds(inputs, batch_sizes[0], seq_lengths[min(1, len(seq_lengths) - 1)], random.Random(config.seed))
-    idle_after = idle_threshold(functools.partial(engine.instance().infer, small), config)
-    say(f"a wait of {idle_after * 1e3:g} ms or more counts as idle")
+    waited = after_waits(functools.partial(engine.instance().infer, small), config)
+    idle_after = idle_threshold(waited)
+    say(f"batch {batch_sizes[0]} seq {seq_lengths[min(1, len(seq_lengths) - 1)]} after a wait of "
+        + ", ".join(f"{g * 1e3:g} ms: {m * 1e3:.3f}" for g, m in waited.items())
+        + f" ms (medians); a wait of {idle_after * 1e3:g} ms or more counts as idle")
     capacity = 1.0
     if engine.device != "cpu":
         middle = (batch_sizes[len(batch_sizes) // 2], seq_lengths[len(seq_lengths) // 2])

@@ -8,11 +8,12 @@ sequence lengths from 16 to ``max_seq`` (doubling). Each call is timed with ``pe
 same span the batcher's compute metric measures, minus padding and splitting). Each shape is timed twice: calls back
 to back (a busy replica) and calls that each follow ``idle_gap_s`` of sleep (a replica at low load, whose engine
 thread waits between requests: the core idles or runs other work, and the next call starts with cooled caches and a
-core waking up). A short wait does not cost that: :func:`idle_threshold` times one small shape after waits from
-half a millisecond to ``idle_gap_s`` and finds the shortest wait that costs at least half the after-idle penalty
-(on the 2-core development VM, batch 1 at 32 tokens: within 3% of back to back after waits up to 5 ms, +13% after
-10 and 20 ms), which the simulator takes as the start of an idle spell. On a GPU, ``device_capacity`` comes from
-running 1, 2 and 4 instances at once on one mid-sized shape: the best aggregate throughput over one instance's.
+core waking up). A short wait does not cost that: :func:`after_waits` times one small shape after waits from
+half a millisecond to ``idle_gap_s``, and :func:`idle_threshold` finds the shortest wait that costs at least half
+the after-idle penalty (on the 2-core development VM, batch 1 at 32 tokens: within 3% of back to back after waits
+up to 5 ms, +13% after 10 and 20 ms), which the simulator takes as the start of an idle spell. On a GPU,
+``device_capacity`` comes from running 1, 2 and 4 instances at once on one mid-sized shape: the best aggregate
+throughput over one instance's.
 
 The request mix is the load generator's ``texts`` workload tokenized by the model's own tokenizer (truncated
 at ``max_seq``), so simulated batches pad to the lengths real ones do. Per-request CPU costs of the replica
@@ -48,8 +49,8 @@ class ProfileConfig:
     seq_lengths: tuple[int, ...] = ()  # empty: 16, 32, ... up to max_seq
     mix_texts: int = 2000
     idle_gap_s: float = 0.02  # sleep before each "after idle" call: well past the batcher's max delay
-    short_gaps_s: tuple[float, ...] = (0.0005, 0.001, 0.002, 0.005, 0.01)  # waits tried by idle_threshold
-    gap_rounds: int = 12  # rounds of idle_threshold, each timing two calls after every wait
+    short_gaps_s: tuple[float, ...] = (0.0005, 0.001, 0.002, 0.005, 0.01)  # waits tried by after_waits
+    gap_rounds: int = 12  # rounds of after_waits, each timing two calls after every wait
     seed: int = 0
 
     def __post_init__(self) -> None:
@@ -134,12 +135,11 @@ def measure_grid(
     return tuple(rows)
 
 
-def idle_threshold(call: Callable[[], object], config: ProfileConfig, clock: Callable[[], float] = time.perf_counter,
-                   sleep: Callable[[float], None] = time.sleep) -> float:
-    """The shortest wait before a call (of ``config.short_gaps_s``, then ``idle_gap_s``) whose median time exceeds
-    the back-to-back median by at least half of what ``idle_gap_s`` of sleep adds; 0.0 when that adds nothing
-    (then every wait may count as idle). The waits take turns within each round, so a drift of the machine's
-    speed during the measurement reaches all of them alike."""
+def after_waits(call: Callable[[], object], config: ProfileConfig, clock: Callable[[], float] = time.perf_counter,
+                sleep: Callable[[float], None] = time.sleep) -> dict[float, float]:
+    """Median time of ``call`` after each wait: none (back to back), ``config.short_gaps_s`` and ``idle_gap_s``.
+    The waits take turns within each of ``gap_rounds`` rounds, so a drift of the machine's speed during the
+    measurement reaches all of them alike."""
     gaps = (0.0, *config.short_gaps_s, config.idle_gap_s)
     for _ in range(config.warmup):
         call()
@@ -152,8 +152,14 @@ def idle_threshold(call: Callable[[], object], config: ProfileConfig, clock: Cal
                 t0 = clock()
                 call()
                 samples[gap].append(clock() - t0)
-    medians = {g: statistics.median(v) for g, v in samples.items()}
-    penalty = medians[config.idle_gap_s] - medians[0.0]
+    return {g: statistics.median(v) for g, v in samples.items()}
+
+
+def idle_threshold(medians: dict[float, float]) -> float:
+    """The shortest wait of :func:`after_waits` whose median exceeds the back-to-back one by at least half of what
+    the longest wait adds; 0.0 when that adds nothing (then every wait may count as idle)."""
+    gaps = sorted(medians)
+    penalty = medians[gaps[-1]] - medians[0.0]
     if penalty <= 0:
         return 0.0
     return next(g for g in gaps[1:] if medians[g] - medians[0.0] >= penalty / 2)

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from fleetserve.sim.profiler import ProfileConfig, idle_threshold, time_calls
+from fleetserve.sim.profiler import ProfileConfig, after_waits, idle_threshold, time_calls
 
 
 def test_idle_calls_each_follow_a_sleep_and_back_to_back_calls_none() -> None:
@@ -43,7 +43,10 @@ def test_the_idle_threshold_is_the_shortest_wait_that_costs_half_the_idle_penalt
         now[0] += 1.0 + cost_after.get(last_sleep[0], 0.0)
         last_sleep[0] = 0.0
 
-    assert idle_threshold(call, config, lambda: now[0], sleep) == expected
+    medians = after_waits(call, config, lambda: now[0], sleep)
+    assert medians == pytest.approx({0.0: 1.0, 0.001: 1.0} | {g: 1.0 + cost_after.get(g, 0.0)
+                                                               for g in (0.005, 0.01, 0.02)})
+    assert idle_threshold(medians) == expected
 
 
 def test_short_gaps_must_lie_below_the_idle_gap() -> None:
