@@ -103,10 +103,11 @@ def run(options: ProfileOptions) -> int:
 
     load_before = os.getloadavg()[0]
     service = measure_grid(engine.instance().infer, inputs, batch_sizes, seq_lengths, config, progress=say)
-    small = feeds(inputs, batch_sizes[0], seq_lengths[min(1, len(seq_lengths) - 1)], random.Random(config.seed))
-    waited = after_waits(functools.partial(engine.instance().infer, small), config)
+    small = (batch_sizes[0], seq_lengths[min(1, len(seq_lengths) - 1)])
+    waited = after_waits(functools.partial(engine.instance().infer, feeds(inputs, *small, random.Random(config.seed))),
+                         config)
     idle_after = idle_threshold(waited)
-    say(f"batch {batch_sizes[0]} seq {seq_lengths[min(1, len(seq_lengths) - 1)]} after a wait of "
+    say(f"batch {small[0]} seq {small[1]} after a wait of "
         + ", ".join(f"{g * 1e3:g} ms: {m * 1e3:.3f}" for g, m in waited.items())
         + f" ms (medians); a wait of {idle_after * 1e3:g} ms or more counts as idle")
     capacity = 1.0
