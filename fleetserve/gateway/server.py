@@ -164,6 +164,15 @@ async def serve_gateway(
                               signals=None if autoscaler is None else autoscaler.window,
                               holds=None if autoscaler is None else autoscaler.holds)
         ids = IdGenerator()
+        # gRPC listens before HTTP does, so a /readyz that answers means both ports take calls.
+        grpc_port: int | None = None
+        if config.grpc_port:
+            handler = GrpcForwarding(forwarder, balancer, guards.calls, metrics, channels,
+                                     default_timeout_s=config.request_timeout_ms / 1000.0,
+                                     max_timeout_s=config.max_request_timeout_ms / 1000.0, ids=ids,
+                                     tracing=tracing, access=lines)
+            grpc_server, grpc_port = await start_grpc_server(handler, config.host, config.grpc_port,
+                                                             config.edge.limits, reuse_port=reuse_port)
         extra = middlewares(metrics.registry) if middlewares else ()
         granian = config.server == "granian"
         # On Granian the RSGI front guards, traces, times and logs every request; the aiohttp app behind it on
@@ -195,14 +204,6 @@ async def serve_gateway(
                                 reuse_port=reuse_port)
             await site.start()
             port = int(runner.addresses[0][1])
-        grpc_port: int | None = None
-        if config.grpc_port:
-            handler = GrpcForwarding(forwarder, balancer, guards.calls, metrics, channels,
-                                     default_timeout_s=config.request_timeout_ms / 1000.0,
-                                     max_timeout_s=config.max_request_timeout_ms / 1000.0, ids=ids,
-                                     tracing=tracing, access=lines)
-            grpc_server, grpc_port = await start_grpc_server(handler, config.host, config.grpc_port,
-                                                             config.edge.limits, reuse_port=reuse_port)
         yield GatewayHandle(config, balancer, metrics, upstreams, port, grpc_port, guards, autoscaler)
     finally:
         for task in tasks:

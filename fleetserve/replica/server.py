@@ -174,13 +174,19 @@ async def start_replica(config: ReplicaConfig, loaded: tuple[Engine, ServedEngin
     runner = web.AppRunner(app, access_log=None, handle_signals=False, shutdown_timeout=config.drain_timeout_s,
                            handler_cancellation=True)
     await runner.setup()
-    site = web.TCPSite(runner, config.host, config.port, backlog=1024, reuse_port=siblings is not None or None)
-    await site.start()
-    http_port = runner.addresses[0][1]
+    # gRPC listens before HTTP does, so a readiness probe that answers means both ports take calls.
     grpc = None
     if config.grpc_port:
         grpc = await start_grpc_server(repo, GrpcServerConfig(config.host, config.grpc_port), limits, load,
                                        tracing, access)
+    site = web.TCPSite(runner, config.host, config.port, backlog=1024, reuse_port=siblings is not None or None)
+    try:
+        await site.start()
+    except BaseException:
+        if grpc is not None:
+            await grpc.stop(0)
+        raise
+    http_port = runner.addresses[0][1]
     return Replica(config, repo, model, batcher, metrics, runner, grpc, http_port, gpu, tracing, access, scrape)
 
 

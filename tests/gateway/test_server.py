@@ -12,6 +12,7 @@ import sys
 import time
 from collections.abc import Awaitable, Callable, Iterator
 from pathlib import Path
+from typing import Any
 
 import aiohttp
 import grpc
@@ -71,6 +72,36 @@ async def test_grpc_listener_runs_with_the_gateway(replicas: StartReplicas, unus
             with pytest.raises(grpc.aio.AioRpcError) as info:
                 await channel.unary_unary("/inference.GRPCInferenceService/ServerLive")(b"", timeout=5)
     assert info.value.code() == grpc.StatusCode.UNAVAILABLE
+
+
+def accepts(port: int) -> bool:
+    """Whether something listens on 127.0.0.1:``port``."""
+    try:
+        socket.create_connection(("127.0.0.1", port), timeout=1).close()
+    except ConnectionRefusedError:
+        return False
+    return True
+
+
+async def test_the_grpc_listener_starts_before_http_so_readiness_means_both(
+    replicas: StartReplicas, unused_tcp_port_factory: Callable[[], int], monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """A /readyz that answers (a probe, `fleetserve up`, the tests) must find the gRPC port taking calls too."""
+    from fleetserve.gateway import server
+
+    (replica,) = await replicas(1)
+    http_port, grpc_port = unused_tcp_port_factory(), unused_tcp_port_factory()
+    http_up_first: list[bool] = []
+    start = server.start_grpc_server
+
+    async def start_grpc(*args: Any, **kwargs: Any) -> Any:
+        http_up_first.append(accepts(http_port))
+        return await start(*args, **kwargs)
+
+    monkeypatch.setattr(server, "start_grpc_server", start_grpc)
+    async with serve_gateway(gateway_config([replica.url], port=http_port, grpc_port=grpc_port)):
+        assert accepts(http_port) and accepts(grpc_port)
+    assert http_up_first == [False]
 
 
 def config_from_args(*argv: str) -> GatewayConfig:

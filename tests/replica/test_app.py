@@ -6,7 +6,9 @@ from __future__ import annotations
 
 import asyncio
 import re
-from collections.abc import AsyncIterator
+import socket
+from collections.abc import AsyncIterator, Callable
+from typing import Any
 
 import aiohttp
 import numpy as np
@@ -46,6 +48,33 @@ async def replica() -> AsyncIterator[Replica]:
         if started.runner.sites:
             await started.drain()
 
+
+
+async def test_the_grpc_listener_starts_before_http_so_readiness_means_both(
+    unused_tcp_port_factory: Callable[[], int], monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """A readiness probe that answers (the gateway's health checks, `fleetserve up`) must find gRPC taking calls."""
+    from fleetserve.replica import server
+
+    http_port, grpc_port = unused_tcp_port_factory(), unused_tcp_port_factory()
+    http_up_first: list[bool] = []
+    start = server.start_grpc_server
+
+    async def start_grpc(*args: Any, **kwargs: Any) -> Any:
+        try:
+            socket.create_connection(("127.0.0.1", http_port), timeout=1).close()
+            http_up_first.append(True)
+        except ConnectionRefusedError:
+            http_up_first.append(False)
+        return await start(*args, **kwargs)
+
+    monkeypatch.setattr(server, "start_grpc_server", start_grpc)
+    started = await start_replica(_config(port=http_port, grpc_port=grpc_port))
+    try:
+        socket.create_connection(("127.0.0.1", grpc_port), timeout=1).close()
+    finally:
+        await started.drain()
+    assert http_up_first == [False]
 
 async def warm(replica: Replica) -> None:
     await replica.batcher.warmup()
