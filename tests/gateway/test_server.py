@@ -26,7 +26,7 @@ from fleetserve.gateway.config import SERVERS, GatewayConfig
 from fleetserve.gateway.server import serve_gateway
 from tests.support.fake_replica import FakeReplica
 from tests.support.gateways import StartGateway, gateway_config
-from tests.support.procs import free_port
+from tests.support.procs import accepts, free_port
 from tests.support.waiting import until
 
 StartReplicas = Callable[[int], Awaitable[list[FakeReplica]]]
@@ -72,15 +72,6 @@ async def test_grpc_listener_runs_with_the_gateway(replicas: StartReplicas, unus
             with pytest.raises(grpc.aio.AioRpcError) as info:
                 await channel.unary_unary("/inference.GRPCInferenceService/ServerLive")(b"", timeout=5)
     assert info.value.code() == grpc.StatusCode.UNAVAILABLE
-
-
-def accepts(port: int) -> bool:
-    """Whether something listens on 127.0.0.1:``port``."""
-    try:
-        socket.create_connection(("127.0.0.1", port), timeout=1).close()
-    except ConnectionRefusedError:
-        return False
-    return True
 
 
 async def test_the_grpc_listener_starts_before_http_so_readiness_means_both(

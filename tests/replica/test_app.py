@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import asyncio
 import re
-import socket
 from collections.abc import AsyncIterator, Callable
 from typing import Any
 
@@ -24,6 +23,7 @@ from fleetserve.replica.config import ReplicaConfig
 from fleetserve.replica.load import LoadMeter, LoadReporter
 from fleetserve.replica.server import Replica, start_replica
 from fleetserve.wire import GPU_UTILIZATION, LOAD_REPORT_HEADER, parse_load_report
+from tests.support.procs import accepts
 from tests.support.waiting import until
 
 TRACE_ID = "4bf92f3577b34da6a3ce929d0e0e4736"
@@ -49,7 +49,6 @@ async def replica() -> AsyncIterator[Replica]:
             await started.drain()
 
 
-
 async def test_the_grpc_listener_starts_before_http_so_readiness_means_both(
     unused_tcp_port_factory: Callable[[], int], monkeypatch: pytest.MonkeyPatch,
 ) -> None:
@@ -61,17 +60,13 @@ async def test_the_grpc_listener_starts_before_http_so_readiness_means_both(
     start = server.start_grpc_server
 
     async def start_grpc(*args: Any, **kwargs: Any) -> Any:
-        try:
-            socket.create_connection(("127.0.0.1", http_port), timeout=1).close()
-            http_up_first.append(True)
-        except ConnectionRefusedError:
-            http_up_first.append(False)
+        http_up_first.append(accepts(http_port))
         return await start(*args, **kwargs)
 
     monkeypatch.setattr(server, "start_grpc_server", start_grpc)
     started = await start_replica(_config(port=http_port, grpc_port=grpc_port))
     try:
-        socket.create_connection(("127.0.0.1", grpc_port), timeout=1).close()
+        assert accepts(http_port) and accepts(grpc_port)
     finally:
         await started.drain()
     assert http_up_first == [False]

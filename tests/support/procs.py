@@ -5,6 +5,7 @@ from __future__ import annotations
 import contextlib
 import os
 import signal
+import socket
 import subprocess
 import sys
 import threading
@@ -15,6 +16,15 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from fleetserve.deploy.local import free_port
+
+
+def accepts(port: int) -> bool:
+    """Whether something listens on 127.0.0.1:``port``."""
+    try:
+        socket.create_connection(("127.0.0.1", port), timeout=1).close()
+    except ConnectionRefusedError:
+        return False
+    return True
 
 
 @dataclass
