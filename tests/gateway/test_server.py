@@ -12,7 +12,6 @@ import sys
 import time
 from collections.abc import Awaitable, Callable, Iterator
 from pathlib import Path
-from typing import Any
 
 import aiohttp
 import grpc
@@ -26,7 +25,7 @@ from fleetserve.gateway.config import SERVERS, GatewayConfig
 from fleetserve.gateway.server import serve_gateway
 from tests.support.fake_replica import FakeReplica
 from tests.support.gateways import StartGateway, gateway_config
-from tests.support.procs import accepts, free_port
+from tests.support.procs import accepts, free_port, http_up_at_grpc_start
 from tests.support.waiting import until
 
 StartReplicas = Callable[[int], Awaitable[list[FakeReplica]]]
@@ -82,14 +81,7 @@ async def test_the_grpc_listener_starts_before_http_so_readiness_means_both(
 
     (replica,) = await replicas(1)
     http_port, grpc_port = unused_tcp_port_factory(), unused_tcp_port_factory()
-    http_up_first: list[bool] = []
-    start = server.start_grpc_server
-
-    async def start_grpc(*args: Any, **kwargs: Any) -> Any:
-        http_up_first.append(accepts(http_port))
-        return await start(*args, **kwargs)
-
-    monkeypatch.setattr(server, "start_grpc_server", start_grpc)
+    http_up_first = http_up_at_grpc_start(server, http_port, monkeypatch)
     async with serve_gateway(gateway_config([replica.url], port=http_port, grpc_port=grpc_port)):
         assert accepts(http_port) and accepts(grpc_port)
     assert http_up_first == [False]

@@ -7,7 +7,6 @@ from __future__ import annotations
 import asyncio
 import re
 from collections.abc import AsyncIterator, Callable
-from typing import Any
 
 import aiohttp
 import numpy as np
@@ -23,7 +22,7 @@ from fleetserve.replica.config import ReplicaConfig
 from fleetserve.replica.load import LoadMeter, LoadReporter
 from fleetserve.replica.server import Replica, start_replica
 from fleetserve.wire import GPU_UTILIZATION, LOAD_REPORT_HEADER, parse_load_report
-from tests.support.procs import accepts
+from tests.support.procs import accepts, http_up_at_grpc_start
 from tests.support.waiting import until
 
 TRACE_ID = "4bf92f3577b34da6a3ce929d0e0e4736"
@@ -56,20 +55,14 @@ async def test_the_grpc_listener_starts_before_http_so_readiness_means_both(
     from fleetserve.replica import server
 
     http_port, grpc_port = unused_tcp_port_factory(), unused_tcp_port_factory()
-    http_up_first: list[bool] = []
-    start = server.start_grpc_server
-
-    async def start_grpc(*args: Any, **kwargs: Any) -> Any:
-        http_up_first.append(accepts(http_port))
-        return await start(*args, **kwargs)
-
-    monkeypatch.setattr(server, "start_grpc_server", start_grpc)
+    http_up_first = http_up_at_grpc_start(server, http_port, monkeypatch)
     started = await start_replica(_config(port=http_port, grpc_port=grpc_port))
     try:
         assert accepts(http_port) and accepts(grpc_port)
     finally:
         await started.drain()
     assert http_up_first == [False]
+
 
 async def warm(replica: Replica) -> None:
     await replica.batcher.warmup()

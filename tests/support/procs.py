@@ -14,6 +14,10 @@ import urllib.request
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
+from types import ModuleType
+from typing import Any
+
+import pytest
 
 from fleetserve.deploy.local import free_port
 
@@ -25,6 +29,20 @@ def accepts(port: int) -> bool:
     except ConnectionRefusedError:
         return False
     return True
+
+
+def http_up_at_grpc_start(server: ModuleType, http_port: int, monkeypatch: pytest.MonkeyPatch) -> list[bool]:
+    """Wraps ``server.start_grpc_server`` (the gateway's or the replica's) so that each call first notes in the
+    returned list whether something already listens on ``http_port``."""
+    noted: list[bool] = []
+    start = server.start_grpc_server
+
+    async def start_grpc(*args: Any, **kwargs: Any) -> Any:
+        noted.append(accepts(http_port))
+        return await start(*args, **kwargs)
+
+    monkeypatch.setattr(server, "start_grpc_server", start_grpc)
+    return noted
 
 
 @dataclass
