@@ -2,18 +2,22 @@
 
 Method: the engine is built (or found in the cache) exactly as ``fleetserve serve`` would, loaded with ``threads``
 intra-op threads, and each shape runs on one instance with token ids drawn like the load generator's (``[CLS] ids…
-[SEP]``, attention mask of ones): ``warmup`` untimed calls, then up to ``repeats`` timed calls or until ``budget_s``
-of timed calls have passed (at least ``min_repeats``). Shapes are the engine's batch buckets up to ``max_batch`` ×
-sequence lengths from 16 to ``max_seq`` (doubling). Each call is timed with ``perf_counter`` around ``infer`` (the
+[SEP]``, attention mask of ones): ``warmup`` untimed calls and one more that sizes the shape's runs (``repeats``, or
+as many as fit in ``budget_s``, at least ``min_repeats``). Shapes are the engine's batch buckets up to ``max_batch``
+× sequence lengths from 16 to ``max_seq`` (doubling). Each call is timed with ``perf_counter`` around ``infer`` (the
 same span the batcher's compute metric measures, minus padding and splitting). Each shape is timed twice: calls back
 to back (a busy replica) and calls that each follow ``idle_gap_s`` of sleep (a replica at low load, whose engine
 thread waits between requests: the core idles or runs other work, and the next call starts with cooled caches and a
-core waking up). A short wait does not cost that: :func:`after_waits` times one small shape after waits from
-half a millisecond to ``idle_gap_s``, and :func:`idle_threshold` finds the shortest wait that costs at least half
-the after-idle penalty (on the 2-core development VM, batch 1 at 32 tokens: within 3% of back to back after waits
-up to 5 ms, +13% after 10 and 20 ms), which the simulator takes as the start of an idle spell. On a GPU,
-``device_capacity`` comes from running 1, 2 and 4 instances at once on one mid-sized shape: the best aggregate
-throughput over one instance's.
+core waking up). The shapes take turns: each of ``rounds`` rounds runs every shape's share of its calls, so every
+figure spans the whole measurement. A shared machine's speed drifts (the development VM: batch 1 at 32 tokens in
+5-second means from 3.21 to 3.67 ms within three minutes, with nothing else running), and a shape timed in one go,
+its 20 small calls inside 40 ms, took whatever speed that moment had: two profiles ten minutes apart differed by up
+to 32% on one shape (BENCHMARKS.md §8.2). A short wait does not cost the after-idle penalty: :func:`after_waits`
+times one small shape after waits from half a millisecond to ``idle_gap_s``, and :func:`idle_threshold` finds the
+shortest wait that costs at least half the after-idle penalty (on the 2-core development VM, batch 1 at 32 tokens:
+within 3% of back to back after waits up to 5 ms, +13% after 10 and 20 ms), which the simulator takes as the start
+of an idle spell. On a GPU, ``device_capacity`` comes from running 1, 2 and 4 instances at once on one mid-sized
+shape: the best aggregate throughput over one instance's.
 
 The request mix is the load generator's ``texts`` workload tokenized by the model's own tokenizer (truncated
 at ``max_seq``), so simulated batches pad to the lengths real ones do. Per-request CPU costs of the replica
@@ -25,6 +29,7 @@ from __future__ import annotations
 import concurrent.futures
 import dataclasses
 import functools
+import math
 import random
 import statistics
 import time
@@ -51,14 +56,16 @@ class ProfileConfig:
     idle_gap_s: float = 0.02  # sleep before each "after idle" call: well past the batcher's max delay
     short_gaps_s: tuple[float, ...] = (0.0005, 0.001, 0.002, 0.005, 0.01)  # waits tried by after_waits
     gap_rounds: int = 12  # rounds of after_waits, each timing two calls after every wait
+    rounds: int = 5  # rounds of measure_grid: the shapes take turns, each running its share of calls per round
     seed: int = 0
 
     def __post_init__(self) -> None:
         if not 1 <= self.min_repeats <= self.repeats:
             raise ValueError("profile needs 1 <= min_repeats <= repeats")
-        if self.warmup < 0 or self.budget_s <= 0 or self.mix_texts < 1 or self.idle_gap_s < 0 or self.gap_rounds < 1:
-            raise ValueError("profile warmup must be >= 0, budget_s > 0, mix_texts >= 1, idle_gap_s >= 0 and "
-                             "gap_rounds >= 1")
+        if (self.warmup < 0 or self.budget_s <= 0 or self.mix_texts < 1 or self.idle_gap_s < 0
+                or min(self.gap_rounds, self.rounds) < 1):
+            raise ValueError("profile warmup must be >= 0, budget_s > 0, mix_texts >= 1, idle_gap_s >= 0, "
+                             "gap_rounds >= 1 and rounds >= 1")
         if any(not 0 < g < self.idle_gap_s for g in self.short_gaps_s):
             raise ValueError("profile short gaps must lie between 0 and idle_gap_s")
         if any(b < 1 for b in self.batch_sizes) or any(s < 2 for s in self.seq_lengths):
@@ -90,24 +97,6 @@ def feeds(inputs: Inputs, rows: int, seq: int, rng: random.Random) -> dict[str, 
     return out
 
 
-def time_calls(call: Callable[[], object], config: ProfileConfig, clock: Callable[[], float] = time.perf_counter,
-               *, gap_s: float = 0.0, sleep: Callable[[float], None] = time.sleep) -> ShapeTiming:
-    """Time ``call`` after ``warmup`` untimed calls; with ``gap_s``, each timed call follows that much sleep."""
-    for _ in range(config.warmup):
-        call()
-    samples: list[float] = []
-    spent = 0.0
-    while len(samples) < config.repeats and (len(samples) < config.min_repeats or spent < config.budget_s):
-        if gap_s:
-            sleep(gap_s)
-        t0 = clock()
-        call()
-        dt = clock() - t0
-        samples.append(dt)
-        spent += dt
-    return timing_of(samples)
-
-
 def timing_of(samples: list[float]) -> ShapeTiming:
     ordered = sorted(samples)
     p99 = ordered[min(len(ordered) - 1, round(0.99 * (len(ordered) - 1)))]
@@ -118,19 +107,42 @@ def timing_of(samples: list[float]) -> ShapeTiming:
 def measure_grid(
     instance_infer: Callable[[dict[str, np.ndarray]], object], inputs: Inputs,
     batch_sizes: tuple[int, ...], seq_lengths: tuple[int, ...], config: ProfileConfig,
-    progress: Callable[[str], None] = lambda _: None,
+    progress: Callable[[str], None] = lambda _: None, clock: Callable[[], float] = time.perf_counter,
+    sleep: Callable[[float], None] = time.sleep,
 ) -> tuple[tuple[ShapeTiming, ...], ...]:
+    """Every shape's timing, back to back and after idling, its calls spread over ``config.rounds`` rounds in
+    which the shapes take turns (the module's method)."""
     rng = random.Random(config.seed)
+    shapes = [(b, s) for b in batch_sizes for s in seq_lengths]
+    calls = {shape: functools.partial(instance_infer, feeds(inputs, *shape, rng)) for shape in shapes}
+    runs: dict[tuple[int, int], int] = {}
+    for shape, call in calls.items():
+        for _ in range(config.warmup):
+            call()
+        t0 = clock()
+        call()
+        first = max(clock() - t0, 1e-9)
+        runs[shape] = max(config.min_repeats, min(config.repeats, math.ceil(config.budget_s / first)))
+    hot: dict[tuple[int, int], list[float]] = {shape: [] for shape in shapes}
+    idle: dict[tuple[int, int], list[float]] = {shape: [] for shape in shapes}
+    for r in range(config.rounds):
+        for shape, call in calls.items():
+            share = runs[shape] * (r + 1) // config.rounds - runs[shape] * r // config.rounds
+            for samples, gap in ((hot[shape], 0.0), (idle[shape], config.idle_gap_s)):
+                for _ in range(share):
+                    if gap:
+                        sleep(gap)
+                    t0 = clock()
+                    call()
+                    samples.append(clock() - t0)
     rows: list[tuple[ShapeTiming, ...]] = []
     for b in batch_sizes:
         row = []
         for s in seq_lengths:
-            call = functools.partial(instance_infer, feeds(inputs, b, s, rng))
-            hot = time_calls(call, config)
-            idle = time_calls(call, config, gap_s=config.idle_gap_s)
-            progress(f"batch {b:>4} seq {s:>4}: mean {hot.mean_s * 1e3:8.3f} ms  std {hot.std_s * 1e3:7.3f} ms"
-                     f"  ({hot.n} runs); after idling {idle.mean_s * 1e3:8.3f} ms  std {idle.std_s * 1e3:7.3f} ms")
-            row.append(dataclasses.replace(hot, idle_mean_s=idle.mean_s, idle_std_s=idle.std_s))
+            back, after = timing_of(hot[b, s]), timing_of(idle[b, s])
+            progress(f"batch {b:>4} seq {s:>4}: mean {back.mean_s * 1e3:8.3f} ms  std {back.std_s * 1e3:7.3f} ms"
+                     f"  ({back.n} runs); after idling {after.mean_s * 1e3:8.3f} ms  std {after.std_s * 1e3:7.3f} ms")
+            row.append(dataclasses.replace(back, idle_mean_s=after.mean_s, idle_std_s=after.std_s))
         rows.append(tuple(row))
     return tuple(rows)
 

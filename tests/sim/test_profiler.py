@@ -2,26 +2,34 @@
 
 from __future__ import annotations
 
+import numpy as np
 import pytest
 
-from fleetserve.sim.profiler import ProfileConfig, after_waits, idle_threshold, time_calls
+from fleetserve.sim.profiler import ProfileConfig, after_waits, idle_threshold, measure_grid
 
 
-def test_idle_calls_each_follow_a_sleep_and_back_to_back_calls_none() -> None:
+def test_the_grid_s_shapes_take_turns_each_spreading_its_calls_over_the_rounds() -> None:
+    now = [0.0]
+    cost = {(1, 16): 1.0, (1, 32): 1.5, (2, 16): 2.0, (2, 32): 4.0}
     events: list[str] = []
-    ticks = iter(float(i) for i in range(1000))
-    config = ProfileConfig(repeats=3, min_repeats=3, warmup=1, budget_s=100.0)
+    config = ProfileConfig(repeats=4, min_repeats=2, warmup=1, budget_s=3.0, rounds=2, idle_gap_s=0.02)
 
-    def call() -> None:
-        events.append("call")
+    def infer(feed: dict[str, np.ndarray]) -> None:
+        shape = feed["input_ids"].shape
+        events.append(f"{shape[0]}x{shape[1]}")
+        now[0] += cost[shape]
 
-    timing = time_calls(call, config, lambda: next(ticks), gap_s=0.02, sleep=lambda s: events.append(f"sleep {s}"))
-    # One untimed warm-up call, then every timed call right after its own sleep.
-    assert events == ["call", "sleep 0.02", "call", "sleep 0.02", "call", "sleep 0.02", "call"]
-    assert timing.n == 3 and timing.mean_s == 1.0  # the sleeps are outside the timed span
-    events.clear()
-    time_calls(call, config, lambda: next(ticks), sleep=lambda s: events.append(f"sleep {s}"))
-    assert "sleep" not in " ".join(events)
+    grid = measure_grid(infer, {"input_ids": ("int64", 1000)}, (1, 2), (16, 32), config, clock=lambda: now[0],
+                        sleep=lambda s: events.append(f"sleep {s}"))
+    # Runs per shape: as many as fit in 3 s by the sizing call, within [2, 4]: 3, 2, 2, 2.
+    assert [[t.n for t in row] for row in grid] == [[3, 2], [2, 2]]
+    assert [[t.mean_s for t in row] for row in grid] == [[1.0, 1.5], [2.0, 4.0]]
+    assert [[t.idle_mean_s for t in row] for row in grid] == [[1.0, 1.5], [2.0, 4.0]]  # sleeps are not timed
+    timed = events[8:]  # after each shape's warm-up and sizing calls
+    # Round one: every shape's first share, back to back then each after its sleep, before any shape's second.
+    assert timed[:12] == ["1x16", "sleep 0.02", "1x16", "1x32", "sleep 0.02", "1x32",
+                          "2x16", "sleep 0.02", "2x16", "2x32", "sleep 0.02", "2x32"]
+    assert timed[12:16] == ["1x16", "1x16", "sleep 0.02", "1x16"]
 
 
 @pytest.mark.parametrize(("cost_after", "expected"), [
