@@ -212,6 +212,29 @@ class Profile:
                     cv += w * sd / m
         return mean, cv
 
+    def slowed(self, factor: float) -> Profile:
+        """This profile on a machine ``factor`` times slower (faster below 1): every time spent running code
+        scaled, the engine's and the replica's and gateway's CPU and wall time per request; the timer's lag,
+        the idle threshold and the cold start kept. For a machine whose speed drifts between the profile and a
+        run (:mod:`fleetserve.sim.speed` measures the factor)."""
+        if not factor > 0:
+            raise ValueError(f"a speed factor must be > 0, got {factor}")
+
+        def scaled(t: ShapeTiming) -> ShapeTiming:
+            idle = (None, None) if t.idle_mean_s is None or t.idle_std_s is None else (
+                t.idle_mean_s * factor, t.idle_std_s * factor)
+            return ShapeTiming(t.mean_s * factor, t.std_s * factor, t.p50_s * factor, t.p99_s * factor, t.n, *idle)
+
+        def times(x: float | None) -> float | None:
+            return None if x is None else x * factor
+
+        return replace(
+            self, service=tuple(tuple(scaled(t) for t in row) for row in self.service),
+            replica_cpu_s=self.replica_cpu_s * factor, gateway_cpu_s=self.gateway_cpu_s * factor,
+            replica_wall_s=self.replica_wall_s * factor, gateway_wall_s=self.gateway_wall_s * factor,
+            replica_busy_cpu_s=times(self.replica_busy_cpu_s), gateway_busy_cpu_s=times(self.gateway_busy_cpu_s),
+        )
+
     def with_cost(self, cost_per_hour: float | None) -> Profile:
         return self if cost_per_hour is None else replace(self, cost_per_hour=cost_per_hour)
 
