@@ -25,9 +25,14 @@ For 2 and 4 real ``minilm`` int8 replicas on this machine behind our gateway (``
    which is the client's delay, not the fleet's: the prediction adds that run's mean lag.
 4. the profile's CPU per request of replica and gateway, one figure for a request that finds its process idle
    (one request in flight) and one for a request that finds it busy (measured at saturation); the capacity run
-   prints the CPU per request the fleet itself spent there, to compare with the profile's. The table also gives
-   the p99 predicted with the engine's after-idle timing for a call after any wait for work, as before the
-   profile measured how long a wait it takes (``idle_after_s``).
+   prints the CPU per request the fleet itself spent there, to compare with the profile's.
+5. the machine's speed beside each row (``--probe-s``, :mod:`fleetserve.sim.speed`): the profile's batch 1 at its
+   second length timed back to back in this process for that many seconds before each real run and after the
+   last, while no fleet is up; the mean of those factors over the profile's own timing scales the profile
+   (:meth:`~fleetserve.sim.profile.Profile.slowed`) for that row's prediction, and for the capacity search's
+   (probed before each of its runs and after the last). A shared VM's speed drifts by several percent within a
+   minute (BENCHMARKS.md §8.2), and near capacity the p99 follows it. The table gives the factor and the p99
+   predicted from the profile as measured, without the probe, beside it.
 
 Profile on a quiet machine: engine times measured while others compete for the cores are inflated, and the
 prediction then counts that competition twice.
@@ -56,13 +61,15 @@ import subprocess
 import sys
 import time
 from collections.abc import Awaitable, Callable
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field
 from pathlib import Path
 
 from fleetserve.batching.config import BatcherConfig
 from fleetserve.bench.cpu import tree_cpu_seconds
 from fleetserve.bench.replica_metrics import BATCH_EVENTS
 from fleetserve.bench.scenarios import ScenarioConfig, run_scenario
+from fleetserve.engine.base import Precision
+from fleetserve.engine.config import EngineConfig
 from fleetserve.sim.arrivals import ArrivalConfig
 from fleetserve.sim.config import ReplicaGroup, SimConfig
 from fleetserve.sim.costs import UNMODELLED_GATEWAY_ARGS
@@ -70,6 +77,7 @@ from fleetserve.sim.faults import Fault
 from fleetserve.sim.gateway import BalancerConfig
 from fleetserve.sim.profile import Profile
 from fleetserve.sim.simulator import simulate
+from fleetserve.sim.speed import SpeedProbe
 
 MODEL = "minilm"
 REPLICA_ARGS = ("--precision", "int8")
@@ -90,7 +98,8 @@ class Row:
     errors: int
     background_cores: float
     generator_lag_ms: float
-    any_wait_p99_ms: float
+    speed: float
+    unprobed_p99_ms: float
     measured_p99_range: tuple[float, float]
     predicted_p99_range: tuple[float, float]
     # The replicas' engines, measured (their /metrics, medians over the repeats) and simulated (median over the
@@ -118,7 +127,8 @@ class Row:
                 f"{self.predicted_p99_ms:.1f}{_range(self.predicted_p99_range)}",
                 f"{self.error(self.measured_p99_ms, self.predicted_p99_ms):+.1%}",
                 str(self.errors), f"{self.background_cores:.2f}", f"{self.generator_lag_ms:.2f}",
-                f"{self.any_wait_p99_ms:.1f}", f"{self.error(self.measured_p99_ms, self.any_wait_p99_ms):+.1%}"]
+                f"{self.speed:.3f}", f"{self.unprobed_p99_ms:.1f}",
+                f"{self.error(self.measured_p99_ms, self.unprobed_p99_ms):+.1%}"]
 
 
 def _range(bounds: tuple[float, float]) -> str:
@@ -128,7 +138,7 @@ def _range(bounds: tuple[float, float]) -> str:
 
 HEAD = ["replicas", "scenario", "offered req/s", "measured req/s", "predicted req/s", "error", "measured p50 ms",
         "predicted p50 ms", "measured p99 ms", "predicted p99 ms", "p99 error", "errors", "background cores",
-        "generator lag ms", "p99 with after-idle timing on any wait ms", "its error"]
+        "generator lag ms", "speed factor", "p99 without the probe ms", "its error"]
 
 
 def table(rows: list[Row]) -> str:
@@ -192,6 +202,14 @@ async def open_capacity(p50_ms_at: Callable[[float], Awaitable[float]], closed_r
     return low
 
 
+def capacity_line(c: dict[str, float]) -> str:
+    def err(x: float) -> str:
+        return f"{(x - c['measured_rps']) / c['measured_rps']:+.1%}"
+
+    return (f"measured {c['measured_rps']:.0f} req/s, predicted {c['predicted_rps']:.0f} ({err(c['predicted_rps'])}), "
+            f"without the speed probe {c['unprobed_rps']:.0f} ({err(c['unprobed_rps'])})")
+
+
 def engine_medians(events: list[dict[str, float]]) -> dict[str, float]:
     """Each engine figure of :func:`fleetserve.bench.replica_metrics.batch_events` as the median over the runs
     that have it."""
@@ -221,25 +239,53 @@ def _simulate(profile: Profile, replicas: int, rate: float, duration_s: float, b
     return result.throughput_rps, result.p("p50") * 1e3, result.p("p99") * 1e3, result.mean_batch
 
 
-async def capacities_of(args: argparse.Namespace, profile: Profile, scenario: Callable[..., ScenarioConfig],
-                        replicas: int, closed_rps: float, generator_cpu_per_request: float) -> tuple[float, float]:
-    """The fleet's open-loop capacity, measured and predicted by the same search (:func:`open_capacity`); the
-    simulated runs get the background the real search runs had."""
+class Speeds:
+    """The speed probe's factors over one stretch of real runs; 1.0 without a probe."""
+
+    def __init__(self, probe: SpeedProbe | None) -> None:
+        self._probe = probe
+        self.factors: list[float] = []
+
+    def sample(self) -> None:
+        if self._probe is not None:
+            self.factors.append(self._probe.factor())
+
+    def mean(self) -> float:
+        return statistics.mean(self.factors) if self.factors else 1.0
+
+
+async def capacities_of(args: argparse.Namespace, profile: Profile, probe: SpeedProbe | None,
+                        scenario: Callable[..., ScenarioConfig], replicas: int, closed_rps: float,
+                        generator_cpu_per_request: float) -> tuple[float, float, float]:
+    """The fleet's open-loop capacity, measured and predicted by the same search (:func:`open_capacity`), the
+    prediction from the profile scaled by the speed probe's factor around the real runs and from the profile as
+    measured; the simulated runs get the background the real search runs had."""
+    speeds = Speeds(probe)
+    speeds.sample()
+
     async def measured_p50(rate: float) -> float:
         run = await run_scenario(scenario(rate=rate, duration_s=args.capacity_duration))
+        speeds.sample()
         return run.report.percentile(50) * 1e3
 
     meter = OthersMeter()
     measured = await open_capacity(measured_p50, closed_rps, args.capacity_p50_ms, args.capacity_steps, "measured")
     others = meter.cores()
 
-    async def predicted_p50(rate: float) -> float:
-        background = rate * generator_cpu_per_request + others
-        return predict(profile, replicas, rate, args.capacity_duration, background, False,
-                       range(args.seed, args.seed + args.seeds))[1]
+    def predicted_p50(at_speed: Profile) -> Callable[[float], Awaitable[float]]:
+        async def p50(rate: float) -> float:
+            background = rate * generator_cpu_per_request + others
+            return predict(at_speed, replicas, rate, args.capacity_duration, background, False,
+                           range(args.seed, args.seed + args.seeds))[1]
+        return p50
 
-    predicted = await open_capacity(predicted_p50, closed_rps, args.capacity_p50_ms, args.capacity_steps, "predicted")
-    return measured, predicted
+    if probe is not None:
+        print(f"   speed factor {speeds.mean():.3f} ({', '.join(f'{f:.3f}' for f in speeds.factors)})", flush=True)
+    predicted = await open_capacity(predicted_p50(profile.slowed(speeds.mean())), closed_rps,
+                                    args.capacity_p50_ms, args.capacity_steps, "predicted")
+    unprobed = (predicted if probe is None else await open_capacity(
+        predicted_p50(profile), closed_rps, args.capacity_p50_ms, args.capacity_steps, "predicted without the probe"))
+    return measured, predicted, unprobed
 
 
 async def validate(args: argparse.Namespace, given: Profile | None,
@@ -250,6 +296,9 @@ async def validate(args: argparse.Namespace, given: Profile | None,
     for replicas in args.replicas:
         profile = given if given is not None else await asyncio.to_thread(
             measure_profile, args.out.with_name(f"{MODEL}-int8-cpu-{replicas}-replicas.json"))
+        probe = SpeedProbe.for_engine(profile, EngineConfig(model=MODEL, precision=Precision.INT8),
+                                      args.probe_s) if args.probe_s else None
+
         def scenario(replicas: int = replicas, **kw: object) -> ScenarioConfig:
             base: dict[str, object] = dict(model=MODEL, replica_args=REPLICA_ARGS, replicas=replicas,
                                            warmup_s=WARMUP_S, duration_s=args.duration,
@@ -258,47 +307,51 @@ async def validate(args: argparse.Namespace, given: Profile | None,
             return ScenarioConfig(**base)  # type: ignore[arg-type]
 
         print(f"-- {replicas} replicas: capacity (closed loop, 32 in flight), load average {loadavg()}", flush=True)
-        probe = await run_scenario(scenario(rate=None, concurrency=32, duration_s=args.capacity_duration))
-        capacity = probe.report.achieved_rps
-        generator_cpu_per_request = probe.report.generator_cpu_s / max(1, probe.report.sent)
+        closed_run = await run_scenario(scenario(rate=None, concurrency=32, duration_s=args.capacity_duration))
+        capacity = closed_run.report.achieved_rps
+        generator_cpu_per_request = closed_run.report.generator_cpu_s / max(1, closed_run.report.sent)
         print(f"   closed-loop capacity {capacity:.0f} req/s; CPU per request: load generator "
-              f"{generator_cpu_per_request * 1e6:.0f} us, replica {probe.events['replica_cpu_us_per_req']:.0f} us "
+              f"{generator_cpu_per_request * 1e6:.0f} us, replica {closed_run.events['replica_cpu_us_per_req']:.0f} us "
               f"(profile: {profile.replica_cpu_s * 1e6:.0f} idle, {profile.replica_loaded_cpu_s * 1e6:.0f} busy), "
-              f"gateway {probe.events['front_cpu_us_per_req']:.0f} us (profile: {profile.gateway_cpu_s * 1e6:.0f} "
+              f"gateway {closed_run.events['front_cpu_us_per_req']:.0f} us (profile: {profile.gateway_cpu_s * 1e6:.0f} "
               f"idle, {profile.gateway_loaded_cpu_s * 1e6:.0f} busy)", flush=True)
         if args.capacity == "open":
             closed = capacity
-            capacity, predicted = await capacities_of(args, profile, scenario, replicas, closed,
-                                                      generator_cpu_per_request)
+            capacity, predicted, unprobed = await capacities_of(args, profile, probe, scenario, replicas, closed,
+                                                                generator_cpu_per_request)
             capacities.append({"replicas": replicas, "closed_rps": closed, "measured_rps": capacity,
-                               "predicted_rps": predicted})
-            print(f"   open-loop capacity (p50 <= {args.capacity_p50_ms:g} ms): measured {capacity:.0f} req/s, "
-                  f"predicted {predicted:.0f} ({(predicted - capacity) / capacity:+.1%}); closed loop {closed:.0f}",
-                  flush=True)
+                               "predicted_rps": predicted, "unprobed_rps": unprobed})
+            print(f"   open-loop capacity (p50 <= {args.capacity_p50_ms:g} ms): {capacity_line(capacities[-1])}; "
+                  f"closed loop {closed:.0f}", flush=True)
         cases = [(f"{share:.0%} load", share, False) for share in args.loads]
         cases.append((f"throttled, {args.throttle_load:.0%} load", args.throttle_load, True))
         for name, share, throttle in cases:
             rate = share * capacity
             print(f"-- {replicas} replicas, {name}: {rate:.0f} req/s, load average {loadavg()}", flush=True)
             results, others = [], []
+            speeds = Speeds(probe)
+            speeds.sample()
             for _ in range(args.repeats):
                 meter = OthersMeter()
                 results.append(await run_scenario(scenario(rate=rate, fault="throttle" if throttle else "none")))
                 others.append(meter.cores())
+                speeds.sample()
+            if probe is not None:
+                print(f"   speed factor {speeds.mean():.3f} ({', '.join(f'{f:.3f}' for f in speeds.factors)})",
+                      flush=True)
             runs = [r.report for r in results]
             background = rate * generator_cpu_per_request + statistics.mean(others)
             seeds = range(args.seed, args.seed + args.seeds)
-            rps, p50, p99s, mean_batch = predict(profile, replicas, rate, args.duration, background, throttle,
-                                                 seeds)
-            any_wait = replace(profile, idle_after_s=0.0)
-            any_wait_p99 = statistics.median(predict(any_wait, replicas, rate, args.duration, background, throttle,
-                                                     seeds)[2])
+            rps, p50, p99s, mean_batch = predict(profile.slowed(speeds.mean()), replicas, rate, args.duration,
+                                                 background, throttle, seeds)
+            unprobed_p99 = statistics.median(p99s) if probe is None else statistics.median(
+                predict(profile, replicas, rate, args.duration, background, throttle, seeds)[2])
             lag = statistics.mean(r.schedule_lag_mean_s for r in runs) * 1e3
             measured_p99s = [r.percentile(99) * 1e3 for r in runs]
             row = Row(replicas, name, rate, statistics.median(r.achieved_rps for r in runs), rps,
                       statistics.median(r.percentile(50) for r in runs) * 1e3, p50 + lag,
                       statistics.median(measured_p99s), statistics.median(p99s) + lag,
-                      sum(r.errors for r in runs), background, lag, any_wait_p99 + lag,
+                      sum(r.errors for r in runs), background, lag, speeds.mean(), unprobed_p99 + lag,
                       (min(measured_p99s), max(measured_p99s)), (min(p99s) + lag, max(p99s) + lag),
                       engine_medians([r.events for r in results]), mean_batch)
             print(table([row]), flush=True)
@@ -322,6 +375,8 @@ def main() -> None:
     ap.add_argument("--capacity-p50-ms", type=float, default=100.0,
                     help="open-loop capacity: the median latency a run must keep")
     ap.add_argument("--capacity-steps", type=int, default=4, help="open-loop capacity: bisection runs")
+    ap.add_argument("--probe-s", type=float, default=2.0,
+                    help="seconds of each speed probe, before every real run and after a row's last (0: none)")
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--repeats", type=int, default=1, help="real runs per row (medians and the p99's range)")
     ap.add_argument("--seeds", type=int, default=1, help="simulated runs per row, seeds --seed, --seed + 1, ...")
@@ -341,8 +396,7 @@ def main() -> None:
     worst_p99 = max(abs(r.error(r.measured_p99_ms, r.predicted_p99_ms)) for r in rows)
     print(f"\nworst throughput error {worst_rps:.1%} (goal <= 10%), worst p99 error {worst_p99:.1%} (goal <= 15%)")
     for c in capacities:
-        print(f"{c['replicas']} replicas: open-loop capacity measured {c['measured_rps']:.0f} req/s, predicted "
-              f"{c['predicted_rps']:.0f} ({(c['predicted_rps'] - c['measured_rps']) / c['measured_rps']:+.1%})")
+        print(f"{c['replicas']} replicas: open-loop capacity {capacity_line(c)}")
     args.out.write_text(json.dumps({"capacities": capacities, "rows": [r.__dict__ for r in rows]}, indent=1) + "\n")
 
 
