@@ -13,10 +13,13 @@ batch, which the profile's engine timings leave out (small next to the engine ca
 (``fleetserve gateway --backend URL``) goes in front and the same load runs through it: **gateway CPU per
 request** = the gateway process tree's CPU ÷ requests sent (its health checks included: a small, honest
 overcount). One request in flight is the least favourable case for an event loop (no wake-up is shared between
-requests), so both are upper bounds for busier processes. The same two measurements with ``busy_concurrency``
-requests in flight give the **busy CPU per request** of each (a process that always has other requests in hand,
-as at saturation): on this 2-core box about half the one-in-flight figures (BENCHMARKS.md §8.2). The simulator
-charges a request the busy figure when it finds its process busy, the other when it finds it idle.
+requests), so both are upper bounds for busier processes. The same two measurements with each of ``concurrencies``
+requests in flight give the **CPU per request against requests in flight** of each (a request that finds others in
+hand shares wake-ups and system calls with them): on this 2-core box it falls gradually, replica 930, 850, 665,
+595, 523 and 431 µs at 1, 2, 3, 4, 8 and 16 in flight, gateway 631 to 297 µs (BENCHMARKS.md §8.2). The last is the
+**busy CPU per request** (a process that always has other requests in hand, as at saturation). The simulator
+charges a request the figure for the requests its process has in hand when it arrives, itself included,
+interpolated between the measured points.
 
 Then the **wall times** at low load: open-loop Poisson arrivals at ``low_load_rps`` of short texts (requests far
 apart and quick, so each finds the processes idle and rarely queues behind another), first to the replica, then
@@ -34,6 +37,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import itertools
 import sys
 import tempfile
 import time
@@ -49,8 +53,10 @@ from fleetserve.errors import FleetserveError
 from fleetserve.fleet.supervisor import http_ok
 
 # The simulator models the gateway's adaptive concurrency limit (on by default in the gateway) only when asked
-# (SimConfig.adaptive), so the real gateways it is profiled from or compared with run without it.
-UNMODELLED_GATEWAY_ARGS = ("--no-adaptive-concurrency",)
+# (SimConfig.adaptive), and hedging (on by default too) not at all, so the real gateways it is profiled from or
+# compared with run without both. Hedging at the p99 toward idle replicas is what takes the real gateway's tail
+# below the model's with a stalled replica (BENCHMARKS.md §8.2).
+UNMODELLED_GATEWAY_ARGS = ("--no-adaptive-concurrency", "--hedge-percentile", "0")
 
 
 @dataclass(frozen=True)
@@ -60,13 +66,14 @@ class CostConfig:
     low_load_rps: float = 10.0
     low_load_s: float = 10.0
     max_delay_s: float = BatcherConfig().max_delay_s  # the replica's batcher setting (its default)
-    busy_concurrency: int = 16
+    concurrencies: tuple[int, ...] = (1, 2, 4, 8, 16)  # requests in flight of the CPU measurements
 
     def __post_init__(self) -> None:
         if min(self.duration_s, self.ready_timeout_s, self.low_load_rps, self.low_load_s) <= 0:
             raise ValueError("cost measurement durations and the low-load rate must be > 0")
-        if self.busy_concurrency < 2:
-            raise ValueError(f"busy_concurrency must be >= 2, got {self.busy_concurrency}")
+        c = self.concurrencies
+        if len(c) < 2 or c[0] != 1 or any(b <= a for a, b in itertools.pairwise(c)):
+            raise ValueError(f"cost concurrencies must start at 1 and rise, at least two, got {c}")
 
 
 @dataclass(frozen=True)
@@ -81,6 +88,8 @@ class Costs:
     timer_lag_s: float = 0.0
     replica_busy_cpu_s: float | None = None
     gateway_busy_cpu_s: float | None = None
+    replica_cpu_curve: tuple[tuple[int, float], ...] = ()  # (requests in flight, CPU seconds per request)
+    gateway_cpu_curve: tuple[tuple[int, float], ...] = ()
 
 
 @dataclass(frozen=True)
@@ -159,12 +168,11 @@ async def measure_costs(model: str, serve_args: list[str], config: CostConfig) -
                "--threads", "1", *serve_args]
     async with _process(replica, f"{replica_url}/v2/health/ready", config.ready_timeout_s) as (rpid, cold):
         await _closed_loop(replica_url, model, min(1.0, config.duration_s))  # first-request costs, not counted
-        before = thread_cpu_seconds(rpid)
-        sent = await _closed_loop(replica_url, model, config.duration_s)
-        replica_cpu = replica_overhead(rpid, before, thread_cpu_seconds(rpid)) / sent
-        before = thread_cpu_seconds(rpid)
-        sent = await _closed_loop(replica_url, model, config.duration_s, config.busy_concurrency)
-        replica_busy_cpu = replica_overhead(rpid, before, thread_cpu_seconds(rpid)) / sent
+        replica_curve, replica_sent = [], []
+        for c in config.concurrencies:
+            before = thread_cpu_seconds(rpid)
+            replica_sent.append(await _closed_loop(replica_url, model, config.duration_s, c))
+            replica_curve.append((c, replica_overhead(rpid, before, thread_cpu_seconds(rpid)) / replica_sent[-1]))
         direct = await _low_load(replica_url, replica_url, model, config)
         gport = free_port()
         gateway_url = f"http://127.0.0.1:{gport}"
@@ -172,15 +180,16 @@ async def measure_costs(model: str, serve_args: list[str], config: CostConfig) -
                    "--health-interval", "1", *UNMODELLED_GATEWAY_ARGS]
         async with _process(gateway, f"{gateway_url}/readyz", config.ready_timeout_s) as (gpid, _):
             await _closed_loop(gateway_url, model, min(1.0, config.duration_s))
-            g0 = tree_cpu_seconds(gpid)
-            gsent = await _closed_loop(gateway_url, model, config.duration_s)
-            gateway_cpu = (tree_cpu_seconds(gpid) - g0) / gsent
-            g0 = tree_cpu_seconds(gpid)
-            busy_sent = await _closed_loop(gateway_url, model, config.duration_s, config.busy_concurrency)
-            gateway_busy_cpu = (tree_cpu_seconds(gpid) - g0) / busy_sent
+            gateway_curve, gateway_sent = [], []
+            for c in config.concurrencies:
+                g0 = tree_cpu_seconds(gpid)
+                gateway_sent.append(await _closed_loop(gateway_url, model, config.duration_s, c))
+                gateway_curve.append((c, (tree_cpu_seconds(gpid) - g0) / gateway_sent[-1]))
             through = await _low_load(gateway_url, replica_url, model, config)
-    return Costs(replica_cpu, gateway_cpu, cold, sent, gsent,
+    replica_cpu, gateway_cpu = replica_curve[0][1], gateway_curve[0][1]
+    return Costs(replica_cpu, gateway_cpu, cold, replica_sent[0], gateway_sent[0],
                  replica_wall_s=max(replica_cpu, direct.outside_s),
                  gateway_wall_s=max(gateway_cpu, through.outside_s - direct.outside_s),
                  timer_lag_s=max(0.0, direct.queue_s - config.max_delay_s),
-                 replica_busy_cpu_s=replica_busy_cpu, gateway_busy_cpu_s=gateway_busy_cpu)
+                 replica_busy_cpu_s=replica_curve[-1][1], gateway_busy_cpu_s=gateway_curve[-1][1],
+                 replica_cpu_curve=tuple(replica_curve), gateway_cpu_curve=tuple(gateway_curve))

@@ -19,6 +19,7 @@ with the interpolated mean and coefficient of variation (service times are posit
 from __future__ import annotations
 
 import bisect
+import itertools
 import json
 import math
 import random
@@ -137,6 +138,11 @@ class Profile:
     # with one request in flight, the upper bound) apply throughout.
     replica_busy_cpu_s: float | None = None
     gateway_busy_cpu_s: float | None = None
+    # CPU per request against the requests its process has in hand when it arrives, itself included: ((in hand,
+    # seconds), ...) from 1 upward, measured closed loop with that many in flight; empty: not measured, and a
+    # request costs the busy figure above when its process is busy, the one-in-flight figure otherwise.
+    replica_cpu_curve: tuple[tuple[int, float], ...] = ()
+    gateway_cpu_curve: tuple[tuple[int, float], ...] = ()
     timer_lag_s: float = 0.0  # how late the batcher's max-delay timer fires (event-loop timer resolution)
     # The shortest wait for work after which an engine call runs at its after-idle timing (a core that waited a
     # few milliseconds is still awake and warm); 0: any wait, as profiles recorded before it was measured assume.
@@ -164,6 +170,10 @@ class Profile:
         if min(self.replica_cpu_s, self.gateway_cpu_s, self.replica_wall_s, self.gateway_wall_s,
                self.timer_lag_s, self.idle_after_s, self.replica_busy_cpu_s or 0.0, self.gateway_busy_cpu_s or 0.0) < 0:
             raise ValueError("profile CPU costs, wall times, timer lag and idle_after_s must be >= 0")
+        for curve in (self.replica_cpu_curve, self.gateway_cpu_curve):
+            if curve and (curve[0][0] != 1 or any(b[0] <= a[0] for a, b in itertools.pairwise(curve))
+                          or min(c for _, c in curve) < 0):
+                raise ValueError(f"a CPU curve needs rising in-flight counts from 1 and costs >= 0, got {curve}")
         if self.cost_per_hour is not None and self.cost_per_hour < 0:
             raise ValueError(f"cost_per_hour must be >= 0, got {self.cost_per_hour}")
         if not self.name:
@@ -233,6 +243,8 @@ class Profile:
             replica_cpu_s=self.replica_cpu_s * factor, gateway_cpu_s=self.gateway_cpu_s * factor,
             replica_wall_s=self.replica_wall_s * factor, gateway_wall_s=self.gateway_wall_s * factor,
             replica_busy_cpu_s=times(self.replica_busy_cpu_s), gateway_busy_cpu_s=times(self.gateway_busy_cpu_s),
+            replica_cpu_curve=tuple((k, c * factor) for k, c in self.replica_cpu_curve),
+            gateway_cpu_curve=tuple((k, c * factor) for k, c in self.gateway_cpu_curve),
         )
 
     def with_cost(self, cost_per_hour: float | None) -> Profile:
@@ -254,6 +266,9 @@ class Profile:
             for key in ("batch_sizes", "seq_lengths", "seq_buckets", "notes"):
                 if key in fields:
                     fields[key] = tuple(fields[key])
+            for key in ("replica_cpu_curve", "gateway_cpu_curve"):
+                if key in fields:
+                    fields[key] = tuple((int(k), float(c)) for k, c in fields[key])
             return cls(**fields)
         except (KeyError, TypeError) as exc:
             raise ValueError(f"malformed profile: {exc}") from None

@@ -146,6 +146,8 @@ def run(options: ProfileOptions) -> int:
         idle_after_s=idle_after,
         replica_busy_cpu_s=costs.replica_busy_cpu_s if costs else None,
         gateway_busy_cpu_s=costs.gateway_busy_cpu_s if costs else None,
+        replica_cpu_curve=costs.replica_cpu_curve if costs else (),
+        gateway_cpu_curve=costs.gateway_cpu_curve if costs else (),
         cold_start_s=costs.cold_start_s if costs else None,
         lengths=mix, seq_buckets=shape.seq_buckets, pad_to_bucket=engine.device != "cpu",
         cost_per_hour=options.cost_per_hour, measured_at=time.strftime("%Y-%m-%d %H:%M %Z"),
@@ -153,6 +155,10 @@ def run(options: ProfileOptions) -> int:
         notes=tuple(notes), name=options.name,
     )
     profile.save(options.out)
+    for who, curve in (("replica", profile.replica_cpu_curve), ("gateway", profile.gateway_cpu_curve)):
+        if curve:
+            print(f"{who} CPU per request at " + "/".join(str(k) for k, _ in curve) + " in flight: "
+                  + "/".join(f"{c * 1e6:.0f}" for _, c in curve) + " us", file=sys.stderr, flush=True)
     cold = f"{profile.cold_start_s:.2f} s" if profile.cold_start_s is not None else "not measured"
     print(f"profile {profile.name}: {len(batch_sizes)} batch sizes x {len(seq_lengths)} lengths, "
           f"batch 1 at {seq_lengths[0]} tokens {service[0][0].mean_s * 1e3:.3f} ms, "
