@@ -4,7 +4,7 @@ A shared VM's speed drifts by several percent over tens of seconds with nothing 
 §8.2: 5-second means of one engine call from 3.21 to 3.67 ms within three minutes), and near capacity a fleet's tail
 latency follows its speed closely, so a prediction for a run minutes after the profile carries that drift as error.
 :class:`SpeedProbe` times the profile's smallest batch at its second sequence length back to back for ``seconds``
-(one instance, the profile's intra-op threads, the same token-id draw) and returns the ratio of the median call to
+(one instance, the profile's intra-op threads, token ids drawn the same way) and returns the ratio of the median call to
 the profile's median of that shape: :meth:`fleetserve.sim.profile.Profile.slowed` takes it. Medians, since a
 stray preemption moves a mean of a few hundred calls by more than the drift being measured. Time it only while
 nothing else of the experiment runs: it measures the machine, not the fleet.
