@@ -99,6 +99,10 @@ class SimConfig:
         """A busy gateway worker's CPU per request: the override, else the first profile's."""
         return self.groups[0].profile.gateway_loaded_cpu_s if self.gateway_cpu_s is None else self.gateway_cpu_s
 
+    def gateway_cpu_curve(self) -> tuple[tuple[int, float], ...]:
+        """The first profile's gateway CPU against requests in flight; none under an override of the CPU."""
+        return self.groups[0].profile.gateway_cpu_curve if self.gateway_cpu_s is None else ()
+
     def gateway_wait(self) -> float:
         return self.groups[0].profile.gateway_wait_s if self.gateway_wait_s is None else self.gateway_wait_s
 

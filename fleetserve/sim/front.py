@@ -1,8 +1,9 @@
 """The simulated gateway: worker processes, each with its own CPU queue and its own real balancer.
 
 ``fleetserve gateway --workers N`` runs N processes on one port (SO_REUSEPORT); each balances on its own
-view of the fleet. Here each worker is a FIFO server costing ``gateway_cpu_s`` per request (``gateway_busy_cpu_s``
-for a request that finds it busy with others), then a wait of
+view of the fleet. Here each worker is a FIFO server costing a request the CPU its profile measured with as many
+requests in flight as the worker has in hand when it arrives, itself included (``cpu_curve``; without one,
+``gateway_busy_cpu_s`` for a request that finds it busy with others, ``gateway_cpu_s`` otherwise), then a wait of
 ``wait_s`` that takes no core (the gateway's wall time at low load beyond its CPU: loopback hops, wake-ups),
 and a :class:`~fleetserve.sim.gateway.SimBalancer`; an arriving request goes to a worker chosen uniformly at random
 (the kernel hashes connections across the sockets).
@@ -28,6 +29,7 @@ from fleetserve.gateway.edge.config import AdaptiveConcurrencyConfig
 from fleetserve.sim.events import EventLoop
 from fleetserve.sim.gateway import BalancerConfig, SimBalancer, load_report, reads_load_reports
 from fleetserve.sim.host import Host, Server
+from fleetserve.sim.profile import cpu_by_in_hand
 from fleetserve.sim.replica import SimReplica
 from fleetserve.sim.request import CONNECT_ERROR, LIMITED, NO_REPLICA, OK, OVERLOADED, RESET, Request
 
@@ -37,7 +39,8 @@ Done = Callable[[Request, int], None]
 class FrontWorker:
     def __init__(self, loop: EventLoop, host: Host, config: BalancerConfig, *, cpu_s: float, max_retries: int,
                  rng: random.Random, done: Done, network_s: float = 0.0, wait_s: float = 0.0,
-                 busy_cpu_s: float | None = None, name: str = "gateway",
+                 busy_cpu_s: float | None = None, cpu_curve: tuple[tuple[int, float], ...] = (),
+                 name: str = "gateway",
                  adaptive: AdaptiveConcurrencyConfig | None = None,
                  unlimited: Callable[[], bool] | None = None) -> None:
         self.loop = loop
@@ -48,6 +51,8 @@ class FrontWorker:
         self.server = Server(loop, host, wait_s=wait_s, name=name)
         self._cpu_s = cpu_s
         self._busy_cpu_s = cpu_s if busy_cpu_s is None else busy_cpu_s
+        self._cpu_by_in_hand = cpu_by_in_hand(cpu_curve)
+        self.in_hand = 0  # requests admitted and not yet finished
         self._max_retries = max_retries
         self._done = done
         self._network_s = network_s
@@ -63,7 +68,12 @@ class FrontWorker:
                 self._done(request, LIMITED)
                 return
         request.reply = self.answer
-        cpu = self._busy_cpu_s if self.server.busy else self._cpu_s
+        self.in_hand += 1
+        table = self._cpu_by_in_hand
+        if table:
+            cpu = table[min(self.in_hand, len(table)) - 1]
+        else:
+            cpu = self._busy_cpu_s if self.server.busy else self._cpu_s
         if cpu:
             self.server.submit(cpu, self._route, request)  # handed back after the wait
         elif self.server.wait_s:
@@ -89,6 +99,7 @@ class FrontWorker:
             replica.receive(request)
 
     def _finish(self, request: Request, status: int) -> None:
+        self.in_hand -= 1
         slot = request.slot
         if slot is not None:
             assert self.controller is not None

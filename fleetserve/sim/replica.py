@@ -1,8 +1,10 @@
 """A simulated replica: its event loop, the product's own batch collator, and engine instances.
 
-A request first costs the replica's event loop ``replica_cpu_s`` (HTTP, JSON, tokenizer) on a FIFO server, or
-``replica_busy_cpu_s`` when it finds the loop busy with other requests (their wake-ups and system calls are
-shared; measured at saturation, see :class:`~fleetserve.sim.profile.Profile`), then
+A request first costs the replica's event loop CPU (HTTP, JSON, tokenizer) on a FIFO server: what the profile
+measured with as many requests in flight as the replica has in hand when it arrives, itself included
+(``replica_cpu_curve``; others in hand share wake-ups and system calls with it, see
+:class:`~fleetserve.sim.profile.Profile`), or for profiles without that curve ``replica_busy_cpu_s`` when it finds
+the loop busy with other requests and ``replica_cpu_s`` otherwise; then
 waits ``replica_wait_s`` taking no core (its server hands it back that late; the profile's wall time at low load
 beyond that CPU: loopback, thread wake-ups and hand-offs; a constant on the path, so where it sits changes no
 queue), then joins the real :class:`~fleetserve.batching.collator.Collator`, which decides exactly as in the replica
@@ -28,7 +30,7 @@ from fleetserve.batching.config import BatcherConfig
 from fleetserve.errors import Overloaded
 from fleetserve.sim.events import EventLoop
 from fleetserve.sim.host import Host, Server
-from fleetserve.sim.profile import Profile, ServiceSampler
+from fleetserve.sim.profile import Profile, ServiceSampler, cpu_by_in_hand
 from fleetserve.sim.request import EXPIRED, OK, OVERLOADED, RESET, Request
 
 STARTING, READY, DOWN = "starting", "ready", "down"
@@ -58,6 +60,8 @@ class SimReplica:
         self._collator: Collator[Request] = Collator(batcher)
         self._cpu_s = profile.replica_cpu_s
         self._busy_cpu_s = profile.replica_loaded_cpu_s
+        self._cpu_by_in_hand = cpu_by_in_hand(profile.replica_cpu_curve)
+        self.in_hand = 0  # requests received and not yet answered
         self._timer_lag_s = profile.timer_lag_s
         self._idle_after_s = profile.idle_after_s
         self._freed_at: dict[Server, float] = {}  # when each instance last finished a batch
@@ -84,7 +88,12 @@ class SimReplica:
 
     def receive(self, request: Request) -> None:
         """A request arrived over an accepted connection."""
-        cpu = self._busy_cpu_s if self.event_loop.busy else self._cpu_s
+        self.in_hand += 1
+        table = self._cpu_by_in_hand
+        if table:
+            cpu = table[min(self.in_hand, len(table)) - 1]
+        else:
+            cpu = self._busy_cpu_s if self.event_loop.busy else self._cpu_s
         if cpu:
             self.event_loop.submit(cpu, self._decoded, request)  # handed back after the wait
         elif self.event_loop.wait_s:
@@ -94,7 +103,7 @@ class SimReplica:
 
     def _decoded(self, request: Request) -> None:
         if self.state != READY:  # crashed while the request was on its way in: the connection was reset
-            request.reply(request, RESET, self)
+            self._answer(request, RESET)
             return
         bucket = self._bucket_of.get(request.tokens)
         if bucket is None:
@@ -104,7 +113,7 @@ class SimReplica:
             deadline = None if self._timeout_s is None else now + self._timeout_s
             self._collator.push(request, rows=request.rows, bucket=bucket, priority=0, now=now, deadline=deadline)
         except Overloaded:
-            request.reply(request, OVERLOADED, self)
+            self._answer(request, OVERLOADED)
             return
         self._poll()
 
@@ -126,7 +135,7 @@ class SimReplica:
                 return
             decision = collator.poll(now, can_dispatch=bool(self._idle))
             for entry in decision.expired:
-                entry.payload.reply(entry.payload, EXPIRED, self)
+                self._answer(entry.payload, EXPIRED)
             if decision.batch is None:
                 break
             self._dispatch(decision.batch)
@@ -166,9 +175,12 @@ class SimReplica:
         self._freed_at[instance] = self.loop.now
         self._idle.append(instance)
         for entry in entries:
-            request = entry.payload
-            request.reply(request, OK, self)
+            self._answer(entry.payload, OK)
         self._poll()
+
+    def _answer(self, request: Request, status: int) -> None:
+        self.in_hand -= 1
+        request.reply(request, status, self)
 
     def crash(self) -> list[Request]:
         """The process dies: every request in hand is lost (returned, to be answered with resets)."""
@@ -187,7 +199,7 @@ class SimReplica:
         self._wake_token += 1
         self._collator = Collator(self._batcher)
         for request in lost:
-            request.reply(request, RESET, self)
+            self._answer(request, RESET)
         return lost
 
     def interruptible(self) -> None:

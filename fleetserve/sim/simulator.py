@@ -45,7 +45,8 @@ class Simulation:
             FrontWorker(self.loop, gateway_host, config.balancer, cpu_s=config.gateway_cpu(),
                         max_retries=config.max_retries, rng=random.Random(f"{seed}:balancer:{i}"),
                         done=self._done, network_s=config.network_s, wait_s=config.gateway_wait(),
-                        busy_cpu_s=config.gateway_busy_cpu(), name=f"gateway/{i}", adaptive=config.adaptive,
+                        busy_cpu_s=config.gateway_busy_cpu(), cpu_curve=config.gateway_cpu_curve(),
+                        name=f"gateway/{i}", adaptive=config.adaptive,
                         unlimited=self._can_grow if elastic else None)
             for i in range(config.gateway_workers)
         ]

@@ -33,6 +33,9 @@ def test_profile_measures_the_tiny_engine_and_a_real_replica_and_gateway(tmp_pat
     assert 0 < profile.replica_cpu_s < 0.1 and 0 < profile.gateway_cpu_s < 0.1
     assert profile.replica_busy_cpu_s is not None and 0 < profile.replica_busy_cpu_s < 0.1
     assert profile.gateway_busy_cpu_s is not None and 0 < profile.gateway_busy_cpu_s < 0.1
+    for curve, one, busy in ((profile.replica_cpu_curve, profile.replica_cpu_s, profile.replica_busy_cpu_s),
+                             (profile.gateway_cpu_curve, profile.gateway_cpu_s, profile.gateway_busy_cpu_s)):
+        assert [k for k, _ in curve] == [1, 2, 4, 8, 16] and curve[0][1] == one and curve[-1][1] == busy
     # Wall times at low load hold the CPU and more (the client, loopback, wake-ups), well under a second.
     assert profile.replica_cpu_s <= profile.replica_wall_s < 1 and profile.gateway_cpu_s <= profile.gateway_wall_s < 1
     assert 0 <= profile.timer_lag_s < 1

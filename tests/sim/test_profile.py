@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from fleetserve.sim.profile import LengthMix, Profile, ServiceSampler, ShapeTiming
+from fleetserve.sim.profile import LengthMix, Profile, ServiceSampler, ShapeTiming, cpu_by_in_hand
 from tests.sim.support import linear_profile
 
 
@@ -124,3 +124,12 @@ def test_a_profile_with_a_ragged_table_is_refused() -> None:
 def test_a_missing_profile_file_names_the_path(tmp_path: Path) -> None:
     with pytest.raises(ValueError, match="cannot read profile"):
         Profile.load(tmp_path / "nope.json")
+
+
+def test_a_cpu_curve_becomes_a_table_by_requests_in_hand_linear_between_measured_counts() -> None:
+    assert cpu_by_in_hand(((1, 0.9), (2, 0.8), (4, 0.6))) == pytest.approx((0.9, 0.8, 0.7, 0.6))
+    assert cpu_by_in_hand(()) == ()
+    with pytest.raises(ValueError, match="CPU curve"):
+        replace(linear_profile(), replica_cpu_curve=((2, 0.001), (4, 0.0005)))  # must start at one in flight
+    curved = replace(linear_profile(), gateway_cpu_curve=((1, 0.001), (16, 0.0004)))
+    assert Profile.from_json(curved.to_json()) == curved

@@ -96,6 +96,23 @@ def test_a_request_that_finds_its_process_busy_pays_the_busy_cpu(part: str) -> N
     assert unmeasured.p("p99") > 10 * busy.p("p99")  # 1.6x its capacity: the queue only grows
 
 
+@pytest.mark.parametrize("part", ["replica", "gateway"])
+def test_a_request_pays_the_cpu_measured_with_as_many_in_flight_as_its_process_has_in_hand(part: str) -> None:
+    """With a CPU curve, a lone request costs the one-in-flight figure and one that arrives with another in hand
+    the two-in-flight figure, whether or not the loop is busy at that instant; every request is let go."""
+    profile = replace(linear_profile(base_s=0.0001, **{f"{part}_cpu_s": 0.004}),  # type: ignore[arg-type]
+                      **{f"{part}_cpu_curve": ((1, 0.004), (2, 0.001))})
+    lone = simulate(_config(1, 5.0, groups=(ReplicaGroup(profile, 1),), requests=200))
+    assert lone.p("p50") == pytest.approx(0.0041, abs=1e-6)
+    sim = Simulation(_config(1, 400.0, groups=(ReplicaGroup(profile, 1),), requests=8000, seed=1))
+    loaded = sim.run()
+    assert loaded.error_count == 0 and loaded.p("p99") < 0.05
+    assert sim.replicas[0].in_hand == 0 and all(w.in_hand == 0 for w in sim.workers)
+    flat = replace(profile, **{f"{part}_cpu_curve": ((1, 0.004), (2, 0.004))})  # type: ignore[arg-type]
+    assert simulate(_config(1, 400.0, groups=(ReplicaGroup(flat, 1),), requests=8000, seed=1)).p("p99") > 10 * loaded.p(
+        "p99")  # 1.6x its capacity: the queue only grows
+
+
 def test_batches_grow_with_load() -> None:
     batching = BatcherConfig(max_batch=32, max_delay_s=0.002)
     profile = linear_profile(base_s=0.001, per_row_s=0.0002)
