@@ -29,7 +29,7 @@ from fleetserve.gateway.edge.config import AdaptiveConcurrencyConfig
 from fleetserve.sim.events import EventLoop
 from fleetserve.sim.gateway import BalancerConfig, SimBalancer, load_report, reads_load_reports
 from fleetserve.sim.host import Host, Server
-from fleetserve.sim.profile import cpu_by_in_hand
+from fleetserve.sim.profile import CpuCharge
 from fleetserve.sim.replica import SimReplica
 from fleetserve.sim.request import CONNECT_ERROR, LIMITED, NO_REPLICA, OK, OVERLOADED, RESET, Request
 
@@ -49,9 +49,7 @@ class FrontWorker:
         self._unlimited = unlimited
         self.balancer: SimBalancer[SimReplica] = SimBalancer(config, clock=loop.clock, rng=rng)
         self.server = Server(loop, host, wait_s=wait_s, name=name)
-        self._cpu_s = cpu_s
-        self._busy_cpu_s = cpu_s if busy_cpu_s is None else busy_cpu_s
-        self._cpu_by_in_hand = cpu_by_in_hand(cpu_curve)
+        self._cpu = CpuCharge(cpu_curve, cpu_s, cpu_s if busy_cpu_s is None else busy_cpu_s)
         self.in_hand = 0  # requests admitted and not yet finished
         self._max_retries = max_retries
         self._done = done
@@ -69,11 +67,7 @@ class FrontWorker:
                 return
         request.reply = self.answer
         self.in_hand += 1
-        table = self._cpu_by_in_hand
-        if table:
-            cpu = table[min(self.in_hand, len(table)) - 1]
-        else:
-            cpu = self._busy_cpu_s if self.server.busy else self._cpu_s
+        cpu = self._cpu(self.in_hand, self.server.busy)
         if cpu:
             self.server.submit(cpu, self._route, request)  # handed back after the wait
         elif self.server.wait_s:

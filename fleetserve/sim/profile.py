@@ -305,6 +305,25 @@ def cpu_by_in_hand(curve: tuple[tuple[int, float], ...]) -> tuple[float, ...]:
     return tuple(table)
 
 
+class CpuCharge:
+    """What a request costs its process's CPU when it arrives: from the measured curve by the requests the process
+    has in hand, itself included (:func:`cpu_by_in_hand`), or without a curve the busy figure when the process is
+    busy and the one-in-flight figure otherwise."""
+
+    __slots__ = ("_busy_s", "_idle_s", "_table")
+
+    def __init__(self, curve: tuple[tuple[int, float], ...], idle_s: float, busy_s: float) -> None:
+        self._table = cpu_by_in_hand(curve)
+        self._idle_s = idle_s
+        self._busy_s = busy_s
+
+    def __call__(self, in_hand: int, busy: bool) -> float:
+        table = self._table
+        if table:
+            return table[min(in_hand, len(table)) - 1]
+        return self._busy_s if busy else self._idle_s
+
+
 def _bracket(points: tuple[int, ...], x: float) -> tuple[int, float]:
     """Index i and weight w so that x ≈ (1 - w)·points[i] + w·points[i+1]; clamped to the grid's ends
     except above the last point, where the last interval is extended (cost keeps growing with size)."""

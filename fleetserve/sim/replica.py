@@ -30,7 +30,7 @@ from fleetserve.batching.config import BatcherConfig
 from fleetserve.errors import Overloaded
 from fleetserve.sim.events import EventLoop
 from fleetserve.sim.host import Host, Server
-from fleetserve.sim.profile import Profile, ServiceSampler, cpu_by_in_hand
+from fleetserve.sim.profile import CpuCharge, Profile, ServiceSampler
 from fleetserve.sim.request import EXPIRED, OK, OVERLOADED, RESET, Request
 
 STARTING, READY, DOWN = "starting", "ready", "down"
@@ -58,9 +58,7 @@ class SimReplica:
         ]
         self._idle = list(self.instances)
         self._collator: Collator[Request] = Collator(batcher)
-        self._cpu_s = profile.replica_cpu_s
-        self._busy_cpu_s = profile.replica_loaded_cpu_s
-        self._cpu_by_in_hand = cpu_by_in_hand(profile.replica_cpu_curve)
+        self._cpu = CpuCharge(profile.replica_cpu_curve, profile.replica_cpu_s, profile.replica_loaded_cpu_s)
         self.in_hand = 0  # requests received and not yet answered
         self._timer_lag_s = profile.timer_lag_s
         self._idle_after_s = profile.idle_after_s
@@ -89,11 +87,7 @@ class SimReplica:
     def receive(self, request: Request) -> None:
         """A request arrived over an accepted connection."""
         self.in_hand += 1
-        table = self._cpu_by_in_hand
-        if table:
-            cpu = table[min(self.in_hand, len(table)) - 1]
-        else:
-            cpu = self._busy_cpu_s if self.event_loop.busy else self._cpu_s
+        cpu = self._cpu(self.in_hand, self.event_loop.busy)
         if cpu:
             self.event_loop.submit(cpu, self._decoded, request)  # handed back after the wait
         elif self.event_loop.wait_s:
