@@ -10,14 +10,14 @@ to back (a busy replica) and calls that each follow ``idle_gap_s`` of sleep (a r
 thread waits between requests: the core idles or runs other work, and the next call starts with cooled caches and a
 core waking up). The shapes take turns: each of ``rounds`` rounds runs every shape's share of its calls, so every
 figure spans the whole measurement. A shared machine's speed drifts (the development VM: batch 1 at 32 tokens in
-5-second means from 3.21 to 3.67 ms within three minutes, with nothing else running), and a shape timed in one go,
-its 20 small calls inside 40 ms, took whatever speed that moment had: two profiles ten minutes apart differed by up
-to 32% on one shape (BENCHMARKS.md §8.2). A short wait does not cost the after-idle penalty: :func:`after_waits`
-times one small shape after waits from half a millisecond to ``idle_gap_s``, and :func:`idle_threshold` finds the
-shortest wait that costs at least half the after-idle penalty (on the 2-core development VM, batch 1 at 32 tokens:
-within 3% of back to back after waits up to 5 ms, +13% after 10 and 20 ms), which the simulator takes as the start
-of an idle spell. On a GPU, ``device_capacity`` comes from running 1, 2 and 4 instances at once on one mid-sized
-shape: the best aggregate throughput over one instance's.
+5-second medians from 0.91 to 1.10 times its profiled time within three minutes, with nothing else running), and a
+shape timed in one go, its 20 small calls inside 40 ms, took whatever speed that moment had: two profiles ten
+minutes apart differed by up to 32% on one shape (BENCHMARKS.md §8.2). A short wait does not cost the after-idle
+penalty: :func:`after_waits` times one small shape after waits from half a millisecond to ``idle_gap_s``, and
+:func:`idle_threshold` finds the shortest wait that costs at least half the after-idle penalty (on the 2-core
+development VM, batch 1 at 32 tokens: within 3% of back to back after waits up to 5 ms, +13% after 10 and 20 ms),
+which the simulator takes as the start of an idle spell. On a GPU, ``device_capacity`` comes from running 1, 2 and 4
+instances at once on one mid-sized shape: the best aggregate throughput over one instance's.
 
 The request mix is the load generator's ``texts`` workload tokenized by the model's own tokenizer (truncated
 at ``max_seq``), so simulated batches pad to the lengths real ones do. Per-request CPU costs of the replica

@@ -1,13 +1,15 @@
 """How fast this machine runs now against when a profile was measured: one shape of the profile, timed again.
 
 A shared VM's speed drifts by several percent over tens of seconds with nothing else of ours running (BENCHMARKS.md
-§8.2: 5-second means of one engine call from 3.21 to 3.67 ms within three minutes), and near capacity a fleet's tail
-latency follows its speed closely, so a prediction for a run minutes after the profile carries that drift as error.
-:class:`SpeedProbe` times the profile's smallest batch at its second sequence length back to back for ``seconds``
-(one instance, the profile's intra-op threads, token ids drawn the same way) and returns the ratio of the median call to
-the profile's median of that shape: :meth:`fleetserve.sim.profile.Profile.slowed` takes it. Medians, since a
-stray preemption moves a mean of a few hundred calls by more than the drift being measured. Time it only while
-nothing else of the experiment runs: it measures the machine, not the fleet.
+§8.2: one engine call's 5-second medians from 0.91 to 1.10 times its profiled time within three minutes), and near
+capacity a fleet's tail latency follows its speed closely, so a prediction for a run minutes after the profile
+carries that drift as error. :class:`SpeedProbe` times the profile's smallest batch at its second sequence length
+back to back for ``seconds`` (one instance, the profile's intra-op threads, token ids drawn the same way) and
+returns the ratio of the median call to the profile's median of that shape:
+:meth:`fleetserve.sim.profile.Profile.slowed` takes it. Medians, since a stray preemption moves a mean of a few
+hundred calls by more than the drift being measured. Time it only while nothing else of the experiment runs: it
+measures the machine, not the fleet. How much it buys is modest: in two validations its prediction was the closer
+in 8 of 16 rows, since its 2-second samples move about as much as the drift they track (BENCHMARKS.md §8.2).
 """
 
 from __future__ import annotations
