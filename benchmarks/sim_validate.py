@@ -253,6 +253,11 @@ class Speeds:
     def mean(self) -> float:
         return statistics.mean(self.factors) if self.factors else 1.0
 
+    def report(self) -> None:
+        """Print the mean factor and each sample (nothing without a probe)."""
+        if self._probe is not None:
+            print(f"   speed factor {self.mean():.3f} ({', '.join(f'{f:.3f}' for f in self.factors)})", flush=True)
+
 
 async def capacities_of(args: argparse.Namespace, profile: Profile, probe: SpeedProbe | None,
                         scenario: Callable[..., ScenarioConfig], replicas: int, closed_rps: float,
@@ -279,8 +284,7 @@ async def capacities_of(args: argparse.Namespace, profile: Profile, probe: Speed
                            range(args.seed, args.seed + args.seeds))[1]
         return p50
 
-    if probe is not None:
-        print(f"   speed factor {speeds.mean():.3f} ({', '.join(f'{f:.3f}' for f in speeds.factors)})", flush=True)
+    speeds.report()
     predicted = await open_capacity(predicted_p50(profile.slowed(speeds.mean())), closed_rps,
                                     args.capacity_p50_ms, args.capacity_steps, "predicted")
     unprobed = (predicted if probe is None else await open_capacity(
@@ -336,9 +340,7 @@ async def validate(args: argparse.Namespace, given: Profile | None,
                 results.append(await run_scenario(scenario(rate=rate, fault="throttle" if throttle else "none")))
                 others.append(meter.cores())
                 speeds.sample()
-            if probe is not None:
-                print(f"   speed factor {speeds.mean():.3f} ({', '.join(f'{f:.3f}' for f in speeds.factors)})",
-                      flush=True)
+            speeds.report()
             runs = [r.report for r in results]
             background = rate * generator_cpu_per_request + statistics.mean(others)
             seeds = range(args.seed, args.seed + args.seeds)

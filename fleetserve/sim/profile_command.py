@@ -27,6 +27,7 @@ from fleetserve.sim.profiler import (
     ProfileConfig,
     after_waits,
     default_seq_lengths,
+    engine_inputs,
     feeds,
     idle_threshold,
     length_mix,
@@ -96,7 +97,7 @@ def run(options: ProfileOptions) -> int:
     seq_lengths = config.seq_lengths or default_seq_lengths(shape.max_seq)
     if max(batch_sizes) > shape.max_batch or max(seq_lengths) > shape.max_seq:
         raise ValueError(f"shapes must fit the engine: batch <= {shape.max_batch}, seq <= {shape.max_seq}")
-    inputs = {s.name: ("int32" if s.datatype == "INT32" else "int64", s.value_limit) for s in engine.inputs}
+    inputs = engine_inputs(engine)
 
     def say(line: str) -> None:
         print(line, file=sys.stderr, flush=True)

@@ -35,11 +35,15 @@ import statistics
 import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 import numpy as np
 
 from fleetserve.bench.workloads import WorkloadConfig, make_payloads, token_ids
 from fleetserve.sim.profile import LengthMix, ShapeTiming
+
+if TYPE_CHECKING:
+    from fleetserve.engine.base import Engine
 
 MIN_SEQ = 16
 
@@ -81,6 +85,11 @@ def default_seq_lengths(max_seq: int) -> tuple[int, ...]:
 
 
 Inputs = Mapping[str, tuple[str, int | None]]  # input name -> (numpy dtype, exclusive upper bound of values)
+
+
+def engine_inputs(engine: Engine) -> Inputs:
+    """An engine's inputs as :func:`feeds` takes them: each name with its numpy dtype and value bound."""
+    return {s.name: ("int32" if s.datatype == "INT32" else "int64", s.value_limit) for s in engine.inputs}
 
 
 def feeds(inputs: Inputs, rows: int, seq: int, rng: random.Random) -> dict[str, np.ndarray]:

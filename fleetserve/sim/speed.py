@@ -49,10 +49,10 @@ class SpeedProbe:
         """A probe running the engine ``fleetserve profile`` timed, as configured (from ``fleetserve build``'s
         cache)."""
         from fleetserve.engine.builder import build
-        from fleetserve.sim.profiler import ProfileConfig, feeds
+        from fleetserve.sim.profiler import ProfileConfig, engine_inputs, feeds
 
         engine = build(config, quiet=True).load(profile.threads)
-        inputs = {s.name: ("int32" if s.datatype == "INT32" else "int64", s.value_limit) for s in engine.inputs}
+        inputs = engine_inputs(engine)
         shape = (profile.batch_sizes[0], profile.seq_lengths[cls.shape_index(profile)])
         feed = feeds(inputs, *shape, random.Random(ProfileConfig().seed))
         infer = engine.instance().infer
