@@ -132,8 +132,10 @@ async def test_stop_ends_the_run_early(server: TargetServer) -> None:
     begin = time.monotonic()
     report = await run_load(open_loop(server.url, duration_s=30.0), stop=stop)
     assert time.monotonic() - begin < 2.0
-    assert report.duration_s == pytest.approx(0.3, abs=0.1)
-    assert report.requests == pytest.approx(60, abs=20)
+    # The stop lands 0.3 s after the call; the run's own clock starts after its set-up, and a busy box makes
+    # both late, so the bounds are loose: what matters is that it ended far short of 30 s, at the asked rate.
+    assert 0.1 <= report.duration_s <= 1.0
+    assert report.requests == pytest.approx(200 * report.duration_s, abs=20)
     assert report.achieved_rps == pytest.approx(200, rel=0.3)
 
 
