@@ -63,14 +63,19 @@ def http_get(url: str, timeout: float = 5.0) -> tuple[int, bytes]:
 
 
 def scrape(base_url: str, timeout: float = 5.0) -> dict[str, float]:
-    """Each sample name of a server's ``/metrics`` page, summed over its label sets."""
+    """Each sample name of a server's ``/metrics`` page, summed over its label sets; a sample with a ``stage``
+    label also under ``NAME{stage=VALUE}``, summed over its other labels."""
     status, body = http_get(f"{base_url}/metrics", timeout)
     if status != 200:
         raise RuntimeError(f"{base_url}/metrics answered {status or 'nothing'}")
     totals: dict[str, float] = {}
     for family in text_string_to_metric_families(body.decode()):
         for sample in family.samples:
-            totals[sample.name] = totals.get(sample.name, 0.0) + sample.value
+            names = [sample.name]
+            if "stage" in sample.labels:
+                names.append(f"{sample.name}{{stage={sample.labels['stage']}}}")
+            for name in names:
+                totals[name] = totals.get(name, 0.0) + sample.value
     return totals
 
 

@@ -18,7 +18,11 @@
 Per load point: sequences/s (requests/s x rows), p50/p99, GPU utilization (NVML sampled here every 0.1 s over
 the measured window, and the replicas' ``fleetserve_gpu_utilization_ratio`` gauge), the replicas' mean batch
 (``fleetserve_batch_size`` histogram) and the CPU cores used by replicas, gateway and load generator, which
-says where a server that cannot keep the GPU busy spends its time. Every point and the whole run have
+says where a server that cannot keep the GPU busy spends its time. Where a request's time goes: the mean of
+each stage on its path (the client's latency, the gateway's, its attempt on the replica, the replica's handler,
+its batcher queue and engine call, and with ``--frontends`` the engine process's queue and call), from the
+servers' own histograms scraped before and after the point, and the three busiest threads of each part (a
+thread near one core is a serial step at its limit, however idle the machine). Every point and the whole run have
 deadlines (``--budget-s``); a point that no longer fits is recorded as skipped. ``gpu_server.json`` is
 rewritten after every point and ``gpu_server.md`` at the end, under ``--out`` (default ``$OUT``).
 
@@ -48,7 +52,7 @@ from typing import Any
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from fleetserve.bench.cpu import tree_cpu_seconds  # noqa: E402
+from fleetserve.bench.cpu import busiest_threads, tree_cpu_seconds, tree_threads_cpu  # noqa: E402
 from fleetserve.deploy.local import free_port  # noqa: E402
 
 from _common import NotReady, http_get, machine_cpu_s, mean_batch, process_cpu_s, scrape, wait_ready  # noqa: E402
@@ -199,6 +203,32 @@ class GpuSampler:
             self.monitor.close()
 
 
+# A request's path, outside in: (column, histogram with its stage label, which server's /metrics has it).
+# Means over a point; each stage holds the ones after it, so the gaps between them are the hops.
+STAGES = (("gateway", "fleetserve_gateway_request_duration_seconds", "gateway"),
+          ("upstream", "fleetserve_gateway_upstream_duration_seconds", "gateway"),
+          ("replica", "fleetserve_request_duration_seconds{stage=total}", "replica"),
+          ("batch queue", "fleetserve_request_duration_seconds{stage=queue}", "replica"),
+          ("engine call", "fleetserve_request_duration_seconds{stage=compute}", "replica"),
+          ("engine queue", "fleetserve_engine_queue_seconds", "replica"),
+          ("engine compute", "fleetserve_engine_compute_seconds", "replica"))
+
+
+def stage_means_ms(before: dict[str, list[dict[str, float]]],
+                   after: dict[str, list[dict[str, float]]]) -> dict[str, float | None]:
+    """Each stage's mean time in ms between two scrapes of each server (``replica``, ``gateway``)."""
+    out: dict[str, float | None] = {}
+    for column, metric, server in STAGES:
+        family, _, label = metric.partition("{")
+        label = "{" + label if label else ""
+        sums = counts = 0.0
+        for a, b in zip(after.get(server, []), before.get(server, []), strict=True):
+            sums += a.get(f"{family}_sum{label}", 0.0) - b.get(f"{family}_sum{label}", 0.0)
+            counts += a.get(f"{family}_count{label}", 0.0) - b.get(f"{family}_count{label}", 0.0)
+        out[column] = 1e3 * sums / counts if counts else None
+    return out
+
+
 def children_cpu_s() -> float:
     usage = resource.getrusage(resource.RUSAGE_CHILDREN)
     return usage.ru_utime + usage.ru_stime
@@ -216,8 +246,10 @@ def bench_point(cfg: RunConfig, url: str, concurrency: int, processes: int, serv
         argv += ["--model", cfg.model, "--rows", str(cfg.rows), "--tokens", str(cfg.tokens), "--output", EMBEDDING]
     elif cfg.workload == "rank":
         argv += ["--candidates", str(cfg.candidates)]
-    before = [scrape(b) for b in bases]
+    metrics = {"replica": bases, "gateway": [url] if "gateway" in servers else []}
+    before = {k: [scrape(u) for u in v] for k, v in metrics.items()}
     cpu0 = {k: sum(tree_cpu_seconds(p.popen.pid) for p in v) for k, v in servers.items()}
+    threads0 = {k: {key: t for p in v for key, t in tree_threads_cpu(p.popen.pid).items()} for k, v in servers.items()}
     # A replica's own process alone: with --frontends, the engine process (its front ends are its children).
     root0 = sum(process_cpu_s(p.popen.pid) for p in servers.get("replica", []))
     m0, t0, kids0 = machine_cpu_s(), time.monotonic(), children_cpu_s()
@@ -227,15 +259,19 @@ def bench_point(cfg: RunConfig, url: str, concurrency: int, processes: int, serv
     wall = t1 - t0
     # The measured window ends when the generator stops sending, just before it writes its report.
     window = gpu.window(t1 - 0.3 - cfg.duration_s, t1 - 0.3)
-    after = [scrape(b) for b in bases]
+    after = {k: [scrape(u) for u in v] for k, v in metrics.items()}
     point: dict[str, Any] = {"command": " ".join(["fleetserve", *argv[3:]]), "concurrency": concurrency, "rate": rate,
-                             **window}
+                             **window, "stage_ms": stage_means_ms(before, after)}
+    point["busiest_threads"] = {
+        k: busiest_threads(threads0[k], {key: t for p in v for key, t in tree_threads_cpu(p.popen.pid).items()}, wall)
+        for k, v in servers.items()}
     point.update({f"{k}_cores": (sum(tree_cpu_seconds(p.popen.pid) for p in v) - cpu0[k]) / wall
                   for k, v in servers.items()})
     point["machine_cores"] = (machine_cpu_s() - m0) / wall
     point["replica_root_cores"] = (sum(process_cpu_s(p.popen.pid) for p in servers.get("replica", [])) - root0) / wall
-    point["mean_batch_rows"] = mean_batch(before, after)
-    gauges = [a["fleetserve_gpu_utilization_ratio"] for a in after if "fleetserve_gpu_utilization_ratio" in a]
+    point["mean_batch_rows"] = mean_batch(before["replica"], after["replica"])
+    gauge = "fleetserve_gpu_utilization_ratio"
+    gauges = [a[gauge] for a in after["replica"] if gauge in a]
     point["replica_gpu_gauge"] = max(gauges) if gauges else None
     point["bench_cores"] = bench_cpu / wall  # the generator's processes, start-up included
     if done.returncode not in (0, 1) or not report.is_file():
@@ -245,7 +281,8 @@ def bench_point(cfg: RunConfig, url: str, concurrency: int, processes: int, serv
     lat = r["latency_s"]
     point.update({"ok": r["ok"], "errors": r["errors"], "errors_by_type": r["errors_by_type"],
                   "req_per_s": r["achieved_rps"], "seq_per_s": r["ok"] / r["duration_s"] * cfg.rows,
-                  "p50_ms": (lat.get("p50") or 0) * 1e3, "p99_ms": (lat.get("p99") or 0) * 1e3})
+                  "p50_ms": (lat.get("p50") or 0) * 1e3, "p99_ms": (lat.get("p99") or 0) * 1e3,
+                  "mean_ms": (lat.get("mean") or 0) * 1e3})
     report.unlink()
     return point
 
@@ -471,6 +508,18 @@ def markdown(results: dict[str, Any]) -> str:
               "|---:|---:|---:" + cols]
     lines += [f"| {p['replicas']} | {p.get('gateway_workers', '')} | {p.get('concurrency', '')} " + row(p)
               for p in results["fleet"]]
+    lines += ["", "### where a request's time goes (means, ms) and the busiest threads (cores)", "",
+              "| phase | replicas | concurrency | client | " + " | ".join(c for c, _, _ in STAGES)
+              + " | busiest threads |", "|---|---:|---:|---:" + "|---:" * len(STAGES) + "|---|"]
+    for phase in ("replica", "fleet"):
+        for p in results[phase]:
+            if "stage_ms" not in p:
+                continue
+            busy = "; ".join(f"{part}: " + ", ".join(f"{name} {cores:.2f}" for name, cores in threads)
+                             for part, threads in p.get("busiest_threads", {}).items())
+            lines.append(f"| {phase} | {p.get('replicas', 1)} | {p.get('concurrency', '')} | "
+                         f"{fmt(p.get('mean_ms'), '.2f')} | "
+                         + " | ".join(fmt(p["stage_ms"].get(c), ".2f") for c, _, _ in STAGES) + f" | {busy} |")
     commands = {f"    {p['command']}" for k in ("replica", "fleet") for p in results[k] if "command" in p}
     lines += ["", "commands:", "", *sorted(commands)]
     lines += sorted({f"    fleetserve {p['gateway']}" for p in results["fleet"] if "gateway" in p})

@@ -60,6 +60,26 @@ def test_gpu_server_report_has_percent_of_raw(tmp_path: Path) -> None:
     assert "| out of time |" in text and "fleetserve gateway --workers 2" in text
 
 
+def test_gpu_server_times_each_stage_of_the_path_from_the_servers_histograms() -> None:
+    gs = script("gpu_server")
+    before = {"gateway": [{"fleetserve_gateway_request_duration_seconds_sum": 1.0,
+                           "fleetserve_gateway_request_duration_seconds_count": 100.0}],
+              "replica": [{"fleetserve_request_duration_seconds_sum{stage=total}": 5.0,
+                           "fleetserve_request_duration_seconds_count{stage=total}": 1000.0}]}
+    after = {"gateway": [{"fleetserve_gateway_request_duration_seconds_sum": 4.0,
+                          "fleetserve_gateway_request_duration_seconds_count": 400.0}],
+             "replica": [{"fleetserve_request_duration_seconds_sum{stage=total}": 7.0,
+                          "fleetserve_request_duration_seconds_count{stage=total}": 1400.0}]}
+    stages = gs.stage_means_ms(before, after)
+    assert stages["gateway"] == pytest.approx(10.0) and stages["replica"] == pytest.approx(5.0)
+    assert stages["upstream"] is None and stages["engine queue"] is None
+    row = {"replicas": 1, "gateway_workers": 2, **point(mean_ms=12.5, stage_ms=stages,
+                                                        busiest_threads={"gateway": [["python (main)", 0.97]]})}
+    text = gs.markdown({"gpu": "NVIDIA H200", "config": gs.asdict(gs.parse_args([])[0]), "build": {},
+                        "raw": {}, "replica": [], "fleet": [row]})
+    assert "| fleet | 1 | 8 | 12.50 | 10.00 |  | 5.00 |" in text and "gateway: python (main) 0.97 |" in text
+
+
 def test_mean_batch_reads_the_engine_process_of_a_replica_with_front_ends() -> None:
     common = script("_common")
     plain = [{"fleetserve_batch_size_sum": 10.0, "fleetserve_batch_size_count": 5.0}]
