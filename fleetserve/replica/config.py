@@ -27,6 +27,8 @@ class ReplicaConfig:
                             "batches, and this process runs their batches on its one engine, merged (0: this "
                             "process does everything)")
     frontend_batches: int = option(2, "with --frontends: batches each front end may have at the engine at once")
+    tokenize_threads: int = option(2, "threads tokenising /inference texts beside the event loop (0: on the loop, "
+                                   "without two thread hand-offs per batch of texts; for a loop with time to spare)")
     threads: int = option(0, "intra-op threads per instance (0: the CPUs this process may use / instances)")
     max_delay_ms: float = option(2.0, "longest wait for a batch to fill")
     preferred_batch_sizes: tuple[int, ...] = option((), "batch sizes to aim for, e.g. 8,16", flag="--preferred-batch",
@@ -60,6 +62,8 @@ class ReplicaConfig:
             raise ValueError(f"instances must be >= 1, got {self.instances}")
         if self.frontends < 0 or self.frontend_batches < 1:
             raise ValueError("frontends must be >= 0 and frontend_batches >= 1")
+        if self.tokenize_threads < 0:
+            raise ValueError(f"tokenize_threads must be >= 0, got {self.tokenize_threads}")
         if self.threads < 0:
             raise ValueError(f"threads must be >= 0 (0: automatic), got {self.threads}")
         if self.max_delay_ms < 0 or self.drain_grace_s < 0 or self.drain_timeout_s <= 0 or self.extra_latency_ms < 0 \

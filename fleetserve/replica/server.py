@@ -157,7 +157,7 @@ async def start_replica(config: ReplicaConfig, loaded: tuple[Engine, ServedEngin
         max_tokens = config.fixed_seq if config.padding == "fixed" else served.max_seq
         tokenizer = TextTokenizer(served.tokenizer_path, max_tokens)
         text = TextService(model, tokenizer, served.embedding_output, TextLimits(),
-                           on_truncated=metrics.truncated.labels(name).inc)
+                           on_truncated=metrics.truncated.labels(name).inc, tokenize_threads=config.tokenize_threads)
     limits = CodecLimits(max_json_bytes=config.max_body_bytes, max_total_bytes=4 * config.max_body_bytes)
     from fleetserve.replica.app import build_app
 

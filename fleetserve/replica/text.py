@@ -39,11 +39,11 @@ class TextLimits:
 class TextService:
     def __init__(
         self, model: ServedModel, tokenizer: TextTokenizer, embedding_output: str, limits: TextLimits,
-        on_truncated: Callable[[int], None] | None = None,
+        on_truncated: Callable[[int], None] | None = None, tokenize_threads: int = 2,
     ) -> None:
         self.model = model
         self.tokenizer = tokenizer
-        self.batcher = TextBatcher(tokenizer, max_texts=max(limits.max_texts, 1))
+        self.batcher = TextBatcher(tokenizer, max_texts=max(limits.max_texts, 1), max_jobs=tokenize_threads)
         self.output = embedding_output
         self.limits = limits
         self._chunk = max(1, model.max_batch_size)

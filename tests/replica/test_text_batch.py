@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import threading
 
 import numpy as np
 import pytest
@@ -47,9 +48,10 @@ class CountingTokenizer(TextTokenizer):
         return super().encode_groups(groups)
 
 
-async def test_callers_in_one_loop_pass_share_one_tokenizer_call(tokenizer: TextTokenizer) -> None:
+@pytest.mark.parametrize("max_jobs", [2, 0])
+async def test_callers_in_one_loop_pass_share_one_tokenizer_call(tokenizer: TextTokenizer, max_jobs: int) -> None:
     counting = CountingTokenizer(tokenizer)
-    batcher = TextBatcher(counting, max_texts=100)
+    batcher = TextBatcher(counting, max_texts=100, max_jobs=max_jobs)
     results = await asyncio.gather(*(batcher.encode([g]) for g in GROUPS))
     assert counting.calls == [4]
     for g, (e,) in zip(GROUPS, results, strict=True):
@@ -67,15 +69,31 @@ async def test_max_texts_starts_a_job_early_and_later_arrivals_wait_for_the_next
     assert [r[0].input_ids.shape[0] for r in results] == [1] * 5
 
 
-async def test_a_tokenizer_failure_reaches_every_caller_of_the_pass(tokenizer: TextTokenizer) -> None:
+@pytest.mark.parametrize("max_jobs", [2, 0])
+async def test_a_tokenizer_failure_reaches_every_caller_of_the_pass(tokenizer: TextTokenizer, max_jobs: int) -> None:
     class Broken(CountingTokenizer):
         def encode_groups(self, groups: list[list[str]]) -> list[Encoded]:
             raise RuntimeError("tokenizer broke")
 
-    batcher = TextBatcher(Broken(tokenizer))
+    batcher = TextBatcher(Broken(tokenizer), max_jobs=max_jobs)
     results = await asyncio.gather(batcher.encode([["a"]]), batcher.encode([["b"]]), return_exceptions=True)
     assert [str(r) for r in results] == ["tokenizer broke", "tokenizer broke"]
 
+
+
+@pytest.mark.parametrize(("max_jobs", "on_loop"), [(2, False), (0, True)])
+async def test_max_jobs_0_tokenises_on_the_event_loop_thread_and_otherwise_beside_it(
+        tokenizer: TextTokenizer, max_jobs: int, on_loop: bool) -> None:
+    threads: list[threading.Thread] = []
+
+    class Where(CountingTokenizer):
+        def encode_groups(self, groups: list[list[str]]) -> list[Encoded]:
+            threads.append(threading.current_thread())
+            return super().encode_groups(groups)
+
+    batcher = TextBatcher(Where(tokenizer), max_jobs=max_jobs)
+    await asyncio.gather(*(batcher.encode([g]) for g in GROUPS))
+    assert len(threads) == 1 and (threads[0] is threading.current_thread()) == on_loop
 
 
 async def test_a_caller_that_goes_away_leaves_the_others_their_answers(tokenizer: TextTokenizer) -> None:
@@ -99,5 +117,5 @@ async def test_texts_beyond_max_pending_are_refused_as_overload(tokenizer: TextT
 
 
 def test_limits_must_be_positive(tokenizer: TextTokenizer) -> None:
-    with pytest.raises(ValueError, match="max_texts, max_jobs and max_pending"):
-        TextBatcher(tokenizer, max_jobs=0)
+    with pytest.raises(ValueError, match="max_texts and max_pending must be >= 1, max_jobs >= 0"):
+        TextBatcher(tokenizer, max_jobs=-1)
