@@ -7,7 +7,9 @@ wake-up time (a bucket's ``max_delay_s`` or a request's deadline), then polls th
 requests are answered ``RequestExpired`` (also while every instance is busy), and each ready batch
 goes to a free instance. A caller that gives up (its task is cancelled, e.g. because the client hung
 up) takes its request out of the queue, so no engine call is spent on an answer nobody reads.
-Padding, the engine call and splitting all happen on the instance's thread.
+Padding, the engine call and splitting all happen on the instance's thread, except for an instance that
+is an :class:`~fleetserve.engine.base.AsyncEngineInstance` (a front end's link to its engine process): its
+call is awaited on the loop, and its small batches are padded and split there.
 An engine error fails only the requests of that batch; the loop keeps serving.
 
 ``queue_depth`` and ``inflight`` count rows, like ``BatcherConfig.max_queue``.
@@ -31,7 +33,7 @@ from fleetserve.batching.config import BatcherConfig
 from fleetserve.batching.observer import BatchObserver, NullObserver
 from fleetserve.batching.tensors import Request, TensorLayout, warmup_batch_sizes
 from fleetserve.batching.timing import TIMING, JobTiming
-from fleetserve.engine.base import Engine, EngineInstance
+from fleetserve.engine.base import AsyncEngineInstance, Engine, EngineInstance
 from fleetserve.errors import InvalidInput, NotReady, Overloaded, RequestExpired
 
 log = logging.getLogger(__name__)
@@ -282,7 +284,10 @@ class Batcher:
         seq = max(job.request.seq for job in jobs) if self._config.pad_to == "longest" else batch.seq
         loop = asyncio.get_running_loop()
         try:
-            results, compute_s = await loop.run_in_executor(self._executor, self._execute, instance, jobs, seq)
+            if isinstance(instance, AsyncEngineInstance):
+                results, compute_s = await self._execute_async(instance, jobs, seq)
+            else:
+                results, compute_s = await loop.run_in_executor(self._executor, self._execute, instance, jobs, seq)
         except Exception as exc:
             log.warning("batch of %d rows (seq %d) failed: %r", batch.rows, seq, exc)
             for job in jobs:
@@ -301,17 +306,30 @@ class Batcher:
             self._freed.set()
             self._wake.set()
 
-    def _execute(
-        self, instance: EngineInstance, jobs: list[_Job], seq: int
-    ) -> tuple[list[dict[str, np.ndarray]], float]:
+    def _feeds(self, jobs: list[_Job], seq: int) -> tuple[list[Request], dict[str, np.ndarray], tuple[str, ...] | None]:
+        """The batch's requests, their collated inputs, and the union of the outputs they asked for (None as
+        soon as one wants everything)."""
         requests = [job.request for job in jobs]
-        feeds = self._layout.collate(requests, seq)
-        # The union of what the batch's requests asked for; None as soon as one wants everything.
         names: tuple[str, ...] | None = None
         if all(job.outputs is not None for job in jobs):
             names = tuple(sorted(frozenset[str]().union(*(job.outputs or () for job in jobs))))
+        return requests, self._layout.collate(requests, seq), names
+
+    def _execute(
+        self, instance: EngineInstance, jobs: list[_Job], seq: int
+    ) -> tuple[list[dict[str, np.ndarray]], float]:
+        requests, feeds, names = self._feeds(jobs, seq)
         started = self._clock()
         outputs = instance.infer(feeds) if names is None else instance.infer(feeds, names)
+        compute_s = self._clock() - started
+        return self._layout.split(outputs, requests, seq), compute_s
+
+    async def _execute_async(
+        self, instance: AsyncEngineInstance, jobs: list[_Job], seq: int
+    ) -> tuple[list[dict[str, np.ndarray]], float]:
+        requests, feeds, names = self._feeds(jobs, seq)
+        started = self._clock()
+        outputs = await instance.infer_async(feeds, names)
         compute_s = self._clock() - started
         return self._layout.split(outputs, requests, seq), compute_s
 

@@ -15,6 +15,8 @@ Only numeric dtypes are accepted; both lengths are bounded.
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
 import math
 import socket
 import struct
@@ -109,16 +111,51 @@ def raise_error(fields: Mapping[str, Any]) -> None:
 
 
 class _RemoteInstance:
-    """One connection to the engine process; ``infer`` blocks its (batcher worker) thread until the answer."""
+    """One connection to the engine process. ``infer`` blocks its (batcher worker) thread until the answer;
+    ``infer_async`` awaits it on the event loop, which then owns the connection: a later ``infer`` from a
+    thread runs there too (the batcher warms an instance with ``infer`` and serves with ``infer_async``)."""
 
     def __init__(self, path: str, timeout_s: float | None) -> None:
         self._sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
         self._sock.settimeout(timeout_s)
         self._sock.connect(path)
+        self._timeout_s = timeout_s
         # Buffered: one recv usually brings a whole answer, instead of one per part.
         self._stream = self._sock.makefile("rb")
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._streams: tuple[asyncio.StreamReader, asyncio.StreamWriter] | None = None
+        self._closed = False
+
+    async def infer_async(self, inputs: Mapping[str, np.ndarray],
+                          outputs: Sequence[str] | None = None) -> dict[str, np.ndarray]:
+        if self._closed:
+            raise NotReady("the engine process is unreachable: this connection failed before")
+        try:
+            async with asyncio.timeout(self._timeout_s):
+                if self._streams is None:
+                    self._loop = asyncio.get_running_loop()
+                    self._streams = await asyncio.open_unix_connection(sock=self._sock)
+                reader, writer = self._streams
+                writer.write(encode(inputs, outputs=None if outputs is None else list(outputs)))
+                head_len, body_len = sizes(await reader.readexactly(PREFIX.size))
+                header, arrays = decode(await reader.readexactly(head_len), await reader.readexactly(body_len))
+        except (OSError, asyncio.IncompleteReadError) as exc:  # LinkError and the timeout included
+            self.close()
+            raise NotReady(f"the engine process is unreachable: {exc!r}") from exc
+        except BaseException:  # cancelled mid-call: the stream's place in the frames is lost
+            self.close()
+            raise
+        if "error" in header:
+            raise_error(header["error"])
+        return arrays
 
     def infer(self, inputs: Mapping[str, np.ndarray], outputs: Sequence[str] | None = None) -> dict[str, np.ndarray]:
+        if self._loop is not None:
+            try:
+                call = asyncio.run_coroutine_threadsafe(self.infer_async(inputs, outputs), self._loop)
+            except RuntimeError as exc:  # its loop is closed
+                raise NotReady(f"the engine process is unreachable: {exc}") from exc
+            return call.result()
         try:
             self._sock.sendall(encode(inputs, outputs=None if outputs is None else list(outputs)))
             head_len, body_len = sizes(self._read(PREFIX.size))
@@ -139,6 +176,11 @@ class _RemoteInstance:
         return data
 
     def close(self) -> None:
+        self._closed = True
+        if self._streams is not None:
+            with contextlib.suppress(RuntimeError):  # its loop already closed
+                self._streams[1].close()
+            self._streams = None
         self._stream.close()
         self._sock.close()
 

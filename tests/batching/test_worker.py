@@ -425,3 +425,50 @@ async def test_a_batch_asks_the_engine_only_for_the_outputs_its_requests_need(
     assert set(both[1]) == {"sentence_embedding", "last_hidden_state"}
     with pytest.raises(InvalidInput, match="unknown outputs"):
         await batcher.submit(make_request(1, 5), outputs=["logits"])
+
+
+class AwaitedInstance:
+    """A tiny-engine instance that also offers ``infer_async`` (as a front end's link to its engine process
+    does), recording on which thread each kind of call ran."""
+
+    def __init__(self, inner: Any) -> None:
+        self.inner = inner
+        self.threads: list[tuple[str, threading.Thread]] = []
+
+    def infer(self, inputs: Mapping[str, np.ndarray], outputs: Any = None) -> dict[str, np.ndarray]:
+        self.threads.append(("infer", threading.current_thread()))
+        return self.inner.infer(inputs, outputs)
+
+    async def infer_async(self, inputs: Mapping[str, np.ndarray], outputs: Any = None) -> dict[str, np.ndarray]:
+        self.threads.append(("infer_async", threading.current_thread()))
+        await asyncio.sleep(0)
+        return self.inner.infer(inputs, outputs)
+
+
+async def test_an_async_instance_is_awaited_on_the_loop_and_warmed_from_a_thread(
+    engine: TinyEngine, make_request: MakeRequest, reference: Reference
+) -> None:
+    made: list[AwaitedInstance] = []
+    plain = engine.instance
+
+    def instance() -> AwaitedInstance:
+        made.append(AwaitedInstance(plain()))
+        return made[-1]
+
+    engine.instance = instance  # type: ignore[method-assign]
+    batcher = Batcher(engine, BatcherConfig(max_batch=8, max_delay_s=0.02))
+    await batcher.start()
+    try:
+        await batcher.warmup([(1, 8)])
+        requests = [make_request(1, 12) for _ in range(6)]
+        results = await asyncio.gather(*(batcher.submit(r) for r in requests))
+        for request, result in zip(requests, results, strict=True):
+            np.testing.assert_allclose(result["sentence_embedding"], reference(request)["sentence_embedding"],
+                                       rtol=1e-5, atol=1e-6)
+    finally:
+        await batcher.drain(5)
+    (awaited,) = made
+    assert awaited.threads[0][0] == "infer" and awaited.threads[0][1] is not threading.current_thread()
+    served = awaited.threads[1:]
+    assert served and all(kind == "infer_async" and thread is threading.current_thread() for kind, thread in served)
+    assert len(served) < len(requests)  # batched

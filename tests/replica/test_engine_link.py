@@ -246,6 +246,75 @@ async def test_an_engine_process_that_hangs_up_mid_call_is_not_ready(socket_dir:
         await server.wait_closed()
 
 
+async def test_an_awaited_remote_instance_shares_its_connection_with_later_calls_from_threads(
+        socket_dir: Path) -> None:
+    frames: list[dict[str, object]] = []
+
+    def double(header: dict[str, object], arrays: dict[str, np.ndarray]) -> bytes:
+        frames.append(header)
+        return encode({"doubled": arrays["input_ids"] * 2})
+
+    server, remote = await serve_once(socket_dir, double)
+    try:
+        instance = remote.instance()
+        ids = np.array([[1, 2], [3, 4]], dtype=np.int64)
+        warm = await asyncio.to_thread(instance.infer, {"input_ids": ids[:1]})  # warm-up: blocking, from a thread
+        np.testing.assert_array_equal(warm["doubled"], ids[:1] * 2)
+        for _ in range(2):
+            answer = await instance.infer_async({"input_ids": ids}, ["doubled"])
+            np.testing.assert_array_equal(answer["doubled"], ids * 2)
+        # The loop owns the connection now; a thread's call runs there, on the same connection.
+        late = await asyncio.to_thread(instance.infer, {"input_ids": ids[1:]})
+        np.testing.assert_array_equal(late["doubled"], ids[1:] * 2)
+        assert frames == [{"outputs": None}, {"outputs": ["doubled"]}, {"outputs": ["doubled"]}, {"outputs": None}]
+    finally:
+        remote.close()
+        server.close()
+        await server.wait_closed()
+
+
+async def test_an_awaited_remote_instance_raises_the_engines_error_and_is_not_ready_once_hung_up(
+        socket_dir: Path) -> None:
+    calls: list[int] = []
+
+    def answer(header: dict[str, object], arrays: dict[str, np.ndarray]) -> bytes | None:
+        calls.append(1)
+        return encode({}, error=error_fields(Overloaded("engine queue full", 3.0))) if len(calls) == 1 else None
+
+    server, remote = await serve_once(socket_dir, answer)
+    try:
+        instance = remote.instance()
+        ones = {"input_ids": np.ones((1, 2), dtype=np.int64)}
+        with pytest.raises(Overloaded, match="engine queue full"):
+            await instance.infer_async(ones)
+        with pytest.raises(NotReady, match="unreachable"):
+            await instance.infer_async(ones)  # hung up mid-call
+        with pytest.raises(NotReady, match="failed before"):
+            await asyncio.wait_for(instance.infer_async(ones), 5)  # at once, not a wait on a dead stream
+        assert len(calls) == 2
+    finally:
+        remote.close()
+        server.close()
+        await server.wait_closed()
+
+
+async def test_an_awaited_call_that_outlives_its_timeout_is_not_ready(socket_dir: Path) -> None:
+    async def mute(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        await reader.read()  # reads the frame, never answers
+        writer.close()
+
+    path = str(socket_dir / "mute.sock")
+    server = await asyncio.start_unix_server(mute, path)
+    remote = RemoteEngine(path, SPECS, OUT_SPECS, PROFILE, "cpu", timeout_s=0.2)
+    try:
+        with pytest.raises(NotReady, match="unreachable"):
+            await remote.instance().infer_async({"input_ids": np.ones((1, 2), dtype=np.int64)})
+    finally:
+        remote.close()
+        server.close()
+        await server.wait_closed()
+
+
 def test_a_remote_engine_presents_the_engine_processs_tensors_and_profile(socket_dir: Path) -> None:
     remote = RemoteEngine(str(socket_dir / "none.sock"), SPECS, OUT_SPECS, PROFILE, "cuda:0")
     assert list(remote.inputs) == list(SPECS) and list(remote.outputs) == list(OUT_SPECS)
