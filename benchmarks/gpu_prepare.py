@@ -11,6 +11,9 @@ orjson, and no pytest. This script writes ``DEST`` (default ``.gpu-carry``, igno
   every floating tensor cast to fp16 (87 MB -> 44 MB; the torch-cuda backend builds in fp32 from them, so the
   cast costs only fp16 rounding of the weights), beside its tokenizer and config (``--no-weights``: those
   alone, which the seeded bert-base and bert-large zoo models need);
+- ``trees/NAME/fleetserve/``: with ``--tree NAME=REV`` (repeatable), the package as it was at git revision
+  REV, for ``gpu_server.py --tree .gpu-carry/trees/NAME``: two code versions compared within one lease, whose
+  speed can differ from the next lease's by more than the change being measured;
 - ``env.sh``: sourced on the GPU machine; installs the wheels under ``/tmp/site`` and sets ``PYTHONPATH``.
 
 It refuses (exit 1) when the folder plus the checkout's tracked files pass ``--limit-mib``, the most the
@@ -90,6 +93,21 @@ def copy_sources(dest: Path) -> None:
             shutil.copy(ROOT / rel, dest / rel)
 
 
+def copy_revision(dest: Path, spec: str) -> None:
+    """``NAME=REV``: the ``fleetserve/`` package at git revision REV, written under ``dest/NAME``."""
+    name, sep, rev = spec.partition("=")
+    if not sep or not name or not rev or "/" in name:
+        raise SystemExit(f"--tree wants NAME=REV, got {spec!r}")
+    found = subprocess.run(["git", "-C", str(ROOT), "rev-parse", "--verify", "--quiet", f"{rev}^{{commit}}"],
+                           capture_output=True, text=True)
+    if found.returncode != 0:
+        raise SystemExit(f"--tree {spec}: {rev!r} is not a commit of {ROOT}")
+    (dest / name).mkdir(parents=True)
+    archive = subprocess.run(["git", "-C", str(ROOT), "archive", found.stdout.strip(), "fleetserve"], check=True,
+                             capture_output=True).stdout
+    subprocess.run(["tar", "-x", "-C", str(dest / name)], input=archive, check=True)
+
+
 def tree_bytes(path: Path) -> int:
     return sum(f.stat().st_size for f in path.rglob("*") if f.is_file())
 
@@ -111,6 +129,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--without", type=lambda s: {n for n in s.split(",") if n}, default=set(), metavar="NAMES",
                    help="wheels to leave out, e.g. pytest,pluggy,iniconfig (no GPU tests) or cryptography,cffi,"
                         "pycparser (no JWT): MiniLM's weights, every wheel and the checkout pass 64 MiB together")
+    p.add_argument("--tree", action="append", default=[], metavar="NAME=REV",
+                   help="also carry fleetserve/ as at git revision REV, as trees/NAME (for gpu_server.py --tree)")
     return p.parse_args(argv)
 
 
@@ -120,6 +140,8 @@ def main(argv: list[str] | None = None) -> int:
         shutil.rmtree(args.dest)
     args.dest.mkdir(parents=True)
     copy_sources(args.dest / "src")
+    for spec in args.tree:
+        copy_revision(args.dest / "trees", spec)
     if unknown := args.without - set(WHEELS):
         raise SystemExit(f"--without: not among the wheels: {', '.join(sorted(unknown))}")
     download_wheels(args.dest / "wheels", args.python, pinned(tuple(n for n in WHEELS if n not in args.without)))

@@ -93,6 +93,7 @@ class RunConfig:
     home: Path = field(default_factory=lambda: Path(tempfile.mkdtemp(prefix="fleetserve-home-")))
     # Server logs and bench reports stay off $OUT (few files come back from the device); tails are collected.
     work: Path = field(default_factory=lambda: Path(tempfile.mkdtemp(prefix="gpu-server-")))
+    tree: str | None = None  # the source tree every fleetserve process runs from (None: this script's own)
 
     def __post_init__(self) -> None:
         if self.workload not in WORKLOADS:
@@ -482,7 +483,7 @@ def markdown(results: dict[str, Any]) -> str:
              "rank": f"one query + {conf.get('candidates')} candidates per /inference request (search mix)"}.get(
         conf.get("workload", ""), f"rows {conf['rows']} x tokens {conf['tokens']} per request")
     lines = [f"GPU server run: {results['gpu']}; {conf['model']} {conf['precision']}; {shape}; "
-             f"budget {conf['budget_s']:.0f} s, "
+             f"budget {conf['budget_s']:.0f} s, " + (f"servers from {conf['tree']}, " if conf.get("tree") else "") +
              f"took {results.get('elapsed_s', 0):.0f} s", "", f"build: `{results['build'].get('command')}` "
              f"ok={results['build'].get('ok')} seeded={results['build'].get('seeded_store')}", "",
              "| raw engine (no server) | seq/s |", "|---|---:|"]
@@ -553,7 +554,11 @@ def parse_args(argv: list[str] | None = None) -> tuple[RunConfig, argparse.Names
     p.add_argument("--budget-s", type=float)
     p.add_argument("--out", type=Path)
     p.add_argument("--home", type=Path)
+    p.add_argument("--tree", type=Path, help="run build, replicas, gateway and generator from this source tree "
+                   "(a folder holding fleetserve/, e.g. from gpu_prepare.py --tree) instead of this script's own")
     args = p.parse_args(argv)
+    if args.tree is not None and not (args.tree / "fleetserve").is_dir():
+        p.error(f"--tree {args.tree}: no fleetserve/ package there")
     cfg = RunConfig()
     if args.cpu_smoke:
         cfg = replace(cfg, model="tiny", backend="auto", device="cpu", precision="fp32", max_batch=32, max_seq=32,
@@ -568,14 +573,19 @@ def parse_args(argv: list[str] | None = None) -> tuple[RunConfig, argparse.Names
                  "instances": args.instances, "concurrency": args.concurrency,
                  "replicas": args.replicas,
                  "fleet_concurrency": args.fleet_concurrency, "duration_s": args.duration,
-                 "budget_s": args.budget_s, "out": args.out, "home": args.home}
+                 "budget_s": args.budget_s, "out": args.out, "home": args.home,
+                 "tree": None if args.tree is None else str(args.tree.resolve())}
     return replace(cfg, **{k: v for k, v in overrides.items() if v is not None}), args
 
 
 def main(argv: list[str] | None = None) -> int:
     cfg, args = parse_args(argv)
+    cfg = replace(cfg, out=cfg.out.resolve(), home=cfg.home.resolve())
     os.environ["FLEETSERVE_HOME"] = str(cfg.home)
     cfg.out.mkdir(parents=True, exist_ok=True)
+    if cfg.tree is not None:  # `python -m` puts the working folder first on the children's path
+        os.environ["PYTHONPATH"] = os.pathsep.join(p for p in (cfg.tree, os.environ.get("PYTHONPATH")) if p)
+        os.chdir(cfg.tree)
     if args.raw:
         print(json.dumps(raw_engine(cfg)))
         return 0

@@ -175,6 +175,23 @@ def test_gpu_prepare_pins_the_installed_versions_and_writes_an_env_script(tmp_pa
         gp.main(["--dest", str(tmp_path / "carry"), "--without", "pytest,numpy"])
 
 
+def test_gpu_prepare_carries_the_package_at_another_revision_for_gpu_server_to_run_from(tmp_path: Path) -> None:
+    gp, gs = script("gpu_prepare"), script("gpu_server")
+    gp.copy_revision(tmp_path / "trees", "before=HEAD")
+    assert (tmp_path / "trees" / "before" / "fleetserve" / "replica" / "engine_link.py").is_file()
+    assert not (tmp_path / "trees" / "before" / "benchmarks").exists()
+    assert gp.parse_args(["--tree", "a=HEAD", "--tree", "b=HEAD~0"]).tree == ["a=HEAD", "b=HEAD~0"]
+    with pytest.raises(SystemExit, match="is not a commit"):
+        gp.copy_revision(tmp_path / "trees", "x=no-such-revision")
+    with pytest.raises(SystemExit, match="NAME=REV"):
+        gp.copy_revision(tmp_path / "trees", "HEAD")
+    cfg, _ = gs.parse_args(["--tree", str(tmp_path / "trees" / "before")])
+    assert cfg.tree == str((tmp_path / "trees" / "before").resolve())
+    with pytest.raises(SystemExit) as bad:
+        gs.parse_args(["--tree", str(tmp_path)])  # no fleetserve/ there
+    assert bad.value.code == 2
+
+
 def test_gpu_ffn1_parses_shapes_and_marks_the_fastest_kernel() -> None:
     gf = script("gpu_ffn1")
     args = gf.parse_args(["--rows", "1024,16384", "--shapes", "3072x768"])
