@@ -62,21 +62,53 @@ def http_get(url: str, timeout: float = 5.0) -> tuple[int, bytes]:
         return 0, b""
 
 
-def scrape(base_url: str, timeout: float = 5.0) -> dict[str, float]:
-    """Each sample name of a server's ``/metrics`` page, summed over its label sets; a sample with a ``stage``
-    label also under ``NAME{stage=VALUE}``, summed over its other labels."""
+def metrics_text(base_url: str, timeout: float = 5.0) -> str:
+    """A server's ``/metrics`` page."""
     status, body = http_get(f"{base_url}/metrics", timeout)
     if status != 200:
         raise RuntimeError(f"{base_url}/metrics answered {status or 'nothing'}")
-    totals: dict[str, float] = {}
-    for family in text_string_to_metric_families(body.decode()):
+    return body.decode()
+
+
+def totals(text: str) -> dict[str, float]:
+    """Each sample name of a ``/metrics`` page, summed over its label sets."""
+    out: dict[str, float] = {}
+    for family in text_string_to_metric_families(text):
         for sample in family.samples:
-            names = [sample.name]
-            if "stage" in sample.labels:
-                names.append(f"{sample.name}{{stage={sample.labels['stage']}}}")
-            for name in names:
-                totals[name] = totals.get(name, 0.0) + sample.value
-    return totals
+            out[sample.name] = out.get(sample.name, 0.0) + sample.value
+    return out
+
+
+def scrape(base_url: str, timeout: float = 5.0) -> dict[str, float]:
+    """Each sample name of a server's ``/metrics`` page, summed over its label sets."""
+    return totals(metrics_text(base_url, timeout))
+
+
+def histogram_sums(texts: Sequence[str]) -> dict[str, tuple[float, float]]:
+    """(sum, count) of every histogram on some ``/metrics`` pages, added up over the pages, keyed
+    ``name{label=value,...}`` without the ``model`` and ``backend`` labels."""
+    out: dict[str, list[float]] = {}
+    for text in texts:
+        for family in text_string_to_metric_families(text):
+            if family.type != "histogram":
+                continue
+            for s in family.samples:
+                if s.name.endswith(("_sum", "_count")):
+                    labels = ",".join(f"{k}={v}" for k, v in sorted(s.labels.items()) if k not in ("model", "backend"))
+                    pair = out.setdefault(f"{family.name}{{{labels}}}", [0.0, 0.0])
+                    pair[0 if s.name.endswith("_sum") else 1] += s.value
+    return {k: (v[0], v[1]) for k, v in out.items()}
+
+
+def histogram_means(before: dict[str, tuple[float, float]],
+                    after: dict[str, tuple[float, float]]) -> dict[str, float]:
+    """Each histogram's mean observation between two :func:`histogram_sums`; those with none in between left out."""
+    out = {}
+    for key, (s1, c1) in after.items():
+        s0, c0 = before.get(key, (0.0, 0.0))
+        if c1 > c0:
+            out[key] = (s1 - s0) / (c1 - c0)
+    return out
 
 
 class NotReady(RuntimeError):

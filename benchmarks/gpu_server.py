@@ -55,7 +55,18 @@ sys.path.insert(0, str(ROOT))
 from fleetserve.bench.cpu import busiest_threads, tree_cpu_seconds, tree_threads_cpu  # noqa: E402
 from fleetserve.deploy.local import free_port  # noqa: E402
 
-from _common import NotReady, http_get, machine_cpu_s, mean_batch, process_cpu_s, scrape, wait_ready  # noqa: E402
+from _common import (  # noqa: E402
+    NotReady,
+    histogram_means,
+    histogram_sums,
+    http_get,
+    machine_cpu_s,
+    mean_batch,
+    metrics_text,
+    process_cpu_s,
+    totals,
+    wait_ready,
+)
 
 CLI = [sys.executable, "-m", "fleetserve.cli"]
 WORKLOADS = ("v2-binary", "texts", "rank")
@@ -204,30 +215,24 @@ class GpuSampler:
             self.monitor.close()
 
 
-# A request's path, outside in: (column, histogram with its stage label, which server's /metrics has it).
-# Means over a point; each stage holds the ones after it, so the gaps between them are the hops.
-STAGES = (("gateway", "fleetserve_gateway_request_duration_seconds", "gateway"),
-          ("upstream", "fleetserve_gateway_upstream_duration_seconds", "gateway"),
+# A request's path, outside in: (column, histogram as :func:`_common.histogram_sums` keys it, which server's
+# /metrics has it). Means over a point; each stage holds the ones after it, so the gaps between them are the hops.
+STAGES = (("gateway", "fleetserve_gateway_request_duration_seconds{}", "gateway"),
+          ("upstream", "fleetserve_gateway_upstream_duration_seconds{}", "gateway"),
           ("replica", "fleetserve_request_duration_seconds{stage=total}", "replica"),
           ("batch queue", "fleetserve_request_duration_seconds{stage=queue}", "replica"),
           ("engine call", "fleetserve_request_duration_seconds{stage=compute}", "replica"),
-          ("engine queue", "fleetserve_engine_queue_seconds", "replica"),
-          ("engine compute", "fleetserve_engine_compute_seconds", "replica"))
+          ("engine queue", "fleetserve_engine_queue_seconds{}", "replica"),
+          ("engine compute", "fleetserve_engine_compute_seconds{}", "replica"))
 
 
-def stage_means_ms(before: dict[str, list[dict[str, float]]],
-                   after: dict[str, list[dict[str, float]]]) -> dict[str, float | None]:
-    """Each stage's mean time in ms between two scrapes of each server (``replica``, ``gateway``)."""
-    out: dict[str, float | None] = {}
-    for column, metric, server in STAGES:
-        family, _, label = metric.partition("{")
-        label = "{" + label if label else ""
-        sums = counts = 0.0
-        for a, b in zip(after.get(server, []), before.get(server, []), strict=True):
-            sums += a.get(f"{family}_sum{label}", 0.0) - b.get(f"{family}_sum{label}", 0.0)
-            counts += a.get(f"{family}_count{label}", 0.0) - b.get(f"{family}_count{label}", 0.0)
-        out[column] = 1e3 * sums / counts if counts else None
-    return out
+def stage_means_ms(before: dict[str, list[str]], after: dict[str, list[str]]) -> dict[str, float | None]:
+    """Each stage's mean time in ms between two readings of each server's ``/metrics`` pages (``replica``,
+    ``gateway``)."""
+    means = {server: histogram_means(histogram_sums(before[server]), histogram_sums(after[server]))
+             for server in before}
+    return {column: None if (mean := means.get(server, {}).get(key)) is None else 1e3 * mean
+            for column, key, server in STAGES}
 
 
 def children_cpu_s() -> float:
@@ -248,7 +253,7 @@ def bench_point(cfg: RunConfig, url: str, concurrency: int, processes: int, serv
     elif cfg.workload == "rank":
         argv += ["--candidates", str(cfg.candidates)]
     metrics = {"replica": bases, "gateway": [url] if "gateway" in servers else []}
-    before = {k: [scrape(u) for u in v] for k, v in metrics.items()}
+    before = {k: [metrics_text(u) for u in v] for k, v in metrics.items()}
     cpu0 = {k: sum(tree_cpu_seconds(p.popen.pid) for p in v) for k, v in servers.items()}
     threads0 = {k: {key: t for p in v for key, t in tree_threads_cpu(p.popen.pid).items()} for k, v in servers.items()}
     # A replica's own process alone: with --frontends, the engine process (its front ends are its children).
@@ -260,7 +265,7 @@ def bench_point(cfg: RunConfig, url: str, concurrency: int, processes: int, serv
     wall = t1 - t0
     # The measured window ends when the generator stops sending, just before it writes its report.
     window = gpu.window(t1 - 0.3 - cfg.duration_s, t1 - 0.3)
-    after = {k: [scrape(u) for u in v] for k, v in metrics.items()}
+    after = {k: [metrics_text(u) for u in v] for k, v in metrics.items()}
     point: dict[str, Any] = {"command": " ".join(["fleetserve", *argv[3:]]), "concurrency": concurrency, "rate": rate,
                              **window, "stage_ms": stage_means_ms(before, after)}
     point["busiest_threads"] = {
@@ -270,9 +275,9 @@ def bench_point(cfg: RunConfig, url: str, concurrency: int, processes: int, serv
                   for k, v in servers.items()})
     point["machine_cores"] = (machine_cpu_s() - m0) / wall
     point["replica_root_cores"] = (sum(process_cpu_s(p.popen.pid) for p in servers.get("replica", [])) - root0) / wall
-    point["mean_batch_rows"] = mean_batch(before["replica"], after["replica"])
-    gauge = "fleetserve_gpu_utilization_ratio"
-    gauges = [a[gauge] for a in after["replica"] if gauge in a]
+    replicas_after = [totals(t) for t in after["replica"]]
+    point["mean_batch_rows"] = mean_batch([totals(t) for t in before["replica"]], replicas_after)
+    gauges = [a["fleetserve_gpu_utilization_ratio"] for a in replicas_after if "fleetserve_gpu_utilization_ratio" in a]
     point["replica_gpu_gauge"] = max(gauges) if gauges else None
     point["bench_cores"] = bench_cpu / wall  # the generator's processes, start-up included
     if done.returncode not in (0, 1) or not report.is_file():

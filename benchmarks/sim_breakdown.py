@@ -36,8 +36,6 @@ from contextlib import asynccontextmanager
 from dataclasses import dataclass
 from pathlib import Path
 
-from prometheus_client.parser import text_string_to_metric_families
-
 from fleetserve.batching.config import BatcherConfig
 from fleetserve.bench.cpu import thread_cpu_seconds, tree_cpu_seconds
 from fleetserve.bench.loadgen import LoadConfig, run_load
@@ -51,36 +49,11 @@ from fleetserve.sim.gateway import BalancerConfig
 from fleetserve.sim.profile import LengthMix, Profile
 from fleetserve.sim.simulator import simulate
 
+from _common import histogram_means, histogram_sums, metrics_text
+
 CLI = [sys.executable, "-m", "fleetserve.cli"]
 SHORT_MAX_TOKENS = 40  # the texts workload's short texts tokenize to 7-34 tokens
 LONG = [0.0]
-
-
-def scrape(url: str) -> dict[str, tuple[float, float]]:
-    """(sum, count) of every histogram in ``url``'s /metrics, keyed ``name{label=value,...}``."""
-    import urllib.request
-
-    text = urllib.request.urlopen(f"{url}/metrics", timeout=5).read().decode()
-    out: dict[str, list[float]] = {}
-    for family in text_string_to_metric_families(text):
-        if family.type != "histogram":
-            continue
-        for s in family.samples:
-            if s.name.endswith(("_sum", "_count")):
-                labels = ",".join(f"{k}={v}" for k, v in sorted(s.labels.items()) if k not in ("model", "backend"))
-                key = f"{family.name}{{{labels}}}"
-                pair = out.setdefault(key, [0.0, 0.0])
-                pair[0 if s.name.endswith("_sum") else 1] += s.value
-    return {k: (v[0], v[1]) for k, v in out.items()}
-
-
-def means(before: dict[str, tuple[float, float]], after: dict[str, tuple[float, float]]) -> dict[str, float]:
-    out = {}
-    for key, (s1, c1) in after.items():
-        s0, c0 = before.get(key, (0.0, 0.0))
-        if c1 > c0:
-            out[key] = (s1 - s0) / (c1 - c0)
-    return out
 
 
 @asynccontextmanager
@@ -118,29 +91,19 @@ def thread_names(pid: int) -> dict[int, str]:
     return out
 
 
-def scrape_all(urls: list[str]) -> dict[str, tuple[float, float]]:
-    """Histograms of several processes, summed."""
-    out: dict[str, tuple[float, float]] = {}
-    for url in urls:
-        for key, (total, count) in scrape(url).items():
-            s0, c0 = out.get(key, (0.0, 0.0))
-            out[key] = (s0 + total, c0 + count)
-    return out
-
-
 async def one_run(name: str, url: str, replica_urls: list[str], rpids: list[int], gpid: int | None,
                   rate: float | None, duration: float) -> Run:
     load = LoadConfig(url=url, rate=rate, concurrency=None if rate else 1, duration_s=duration, warmup_s=1.0,
                       workload="texts", long_fraction=LONG[0])
     await run_load(LoadConfig(url=url, concurrency=1, duration_s=1.0, workload="texts", long_fraction=LONG[0]))
     urls = replica_urls + ([url] if gpid else [])
-    before = scrape_all(urls)
+    before = histogram_sums([metrics_text(u) for u in urls])
     t0 = {pid: thread_cpu_seconds(pid) for pid in rpids}
     g0 = tree_cpu_seconds(gpid) if gpid else 0.0
     report = await run_load(load)
     t1 = {pid: thread_cpu_seconds(pid) for pid in rpids}
     g1 = tree_cpu_seconds(gpid) if gpid else 0.0
-    after = scrape_all(urls)
+    after = histogram_sums([metrics_text(u) for u in urls])
     sent = max(1, report.sent)
     cpu: dict[str, float] = {}
     for pid in rpids:
@@ -148,7 +111,7 @@ async def one_run(name: str, url: str, replica_urls: list[str], rpids: list[int]
         for tid, c in t1[pid].items():
             kind = "event loop" if tid == pid else names.get(tid, "?").rstrip("_0123456789")
             cpu[kind] = cpu.get(kind, 0.0) + (c - t0[pid].get(tid, 0.0)) / sent
-    return Run(name, report, means(before, after), cpu, (g1 - g0) / sent)
+    return Run(name, report, histogram_means(before, after), cpu, (g1 - g0) / sent)
 
 
 def predict(profile: Profile, rate: float, gateway: bool, replicas: int = 1) -> tuple[float, float, float]:

@@ -62,17 +62,26 @@ def test_gpu_server_report_has_percent_of_raw(tmp_path: Path) -> None:
 
 def test_gpu_server_times_each_stage_of_the_path_from_the_servers_histograms() -> None:
     gs = script("gpu_server")
-    before = {"gateway": [{"fleetserve_gateway_request_duration_seconds_sum": 1.0,
-                           "fleetserve_gateway_request_duration_seconds_count": 100.0}],
-              "replica": [{"fleetserve_request_duration_seconds_sum{stage=total}": 5.0,
-                           "fleetserve_request_duration_seconds_count{stage=total}": 1000.0}]}
-    after = {"gateway": [{"fleetserve_gateway_request_duration_seconds_sum": 4.0,
-                          "fleetserve_gateway_request_duration_seconds_count": 400.0}],
-             "replica": [{"fleetserve_request_duration_seconds_sum{stage=total}": 7.0,
-                          "fleetserve_request_duration_seconds_count{stage=total}": 1400.0}]}
+    def page(gateway: tuple[float, float], replica: tuple[float, float], front_end: tuple[float, float]) -> str:
+        """A /metrics page in the exposition format: the gateway's histogram and the replica's, by stage."""
+        return "\n".join([
+            "# TYPE fleetserve_gateway_request_duration_seconds histogram",
+            f"fleetserve_gateway_request_duration_seconds_sum {gateway[0]}",
+            f"fleetserve_gateway_request_duration_seconds_count {gateway[1]}",
+            "# TYPE fleetserve_request_duration_seconds histogram",
+            f'fleetserve_request_duration_seconds_sum{{model="m",stage="total"}} {replica[0]}',
+            f'fleetserve_request_duration_seconds_count{{model="m",stage="total"}} {replica[1]}',
+            f'fleetserve_request_duration_seconds_sum{{model="m",stage="queue"}} {front_end[0]}',
+            f'fleetserve_request_duration_seconds_count{{model="m",stage="queue"}} {front_end[1]}', ""])
+
+    before = {"gateway": [page((1.0, 100.0), (0, 0), (0, 0))],
+              "replica": [page((0, 0), (5.0, 1000.0), (1.0, 1000.0)), page((0, 0), (0, 0), (0, 0))]}
+    after = {"gateway": [page((4.0, 400.0), (0, 0), (0, 0))],  # two replicas' pages add up
+             "replica": [page((0, 0), (6.0, 1200.0), (1.0, 1000.0)), page((0, 0), (1.0, 200.0), (0, 0))]}
     stages = gs.stage_means_ms(before, after)
     assert stages["gateway"] == pytest.approx(10.0) and stages["replica"] == pytest.approx(5.0)
     assert stages["upstream"] is None and stages["engine queue"] is None
+    assert stages["batch queue"] is None  # nothing observed in between
     row = {"replicas": 1, "gateway_workers": 2, **point(mean_ms=12.5, stage_ms=stages,
                                                         busiest_threads={"gateway": [["python (main)", 0.97]]})}
     text = gs.markdown({"gpu": "NVIDIA H200", "config": gs.asdict(gs.parse_args([])[0]), "build": {},
