@@ -41,7 +41,7 @@ import itertools
 import sys
 import tempfile
 import time
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass
 
 from fleetserve.batching.config import BatcherConfig
@@ -160,6 +160,21 @@ async def _low_load(url: str, replica_url: str, model: str, config: CostConfig) 
                    stage_mean(before, after, "compute"), report.ok)
 
 
+# Starts counting a process's CPU; what it returns gives the CPU seconds spent since.
+Meter = Callable[[], Callable[[], float]]
+
+
+async def _cpu_curve(url: str, model: str, config: CostConfig,
+                     meter: Meter) -> tuple[tuple[tuple[int, float], ...], int]:
+    """CPU per request at each of ``config.concurrencies`` requests in flight, and the requests sent at the first."""
+    curve, sent = [], []
+    for c in config.concurrencies:
+        spent = meter()
+        sent.append(await _closed_loop(url, model, config.duration_s, c))
+        curve.append((c, spent() / sent[-1]))
+    return tuple(curve), sent[0]
+
+
 async def measure_costs(model: str, serve_args: list[str], config: CostConfig) -> Costs:
     cli = [sys.executable, "-m", "fleetserve.cli"]
     port = free_port()
@@ -168,11 +183,12 @@ async def measure_costs(model: str, serve_args: list[str], config: CostConfig) -
                "--threads", "1", *serve_args]
     async with _process(replica, f"{replica_url}/v2/health/ready", config.ready_timeout_s) as (rpid, cold):
         await _closed_loop(replica_url, model, min(1.0, config.duration_s))  # first-request costs, not counted
-        replica_curve, replica_sent = [], []
-        for c in config.concurrencies:
+
+        def replica_meter() -> Callable[[], float]:  # the engine's thread left out: the profile times it
             before = thread_cpu_seconds(rpid)
-            replica_sent.append(await _closed_loop(replica_url, model, config.duration_s, c))
-            replica_curve.append((c, replica_overhead(rpid, before, thread_cpu_seconds(rpid)) / replica_sent[-1]))
+            return lambda: replica_overhead(rpid, before, thread_cpu_seconds(rpid))
+
+        replica_curve, replica_sent = await _cpu_curve(replica_url, model, config, replica_meter)
         direct = await _low_load(replica_url, replica_url, model, config)
         gport = free_port()
         gateway_url = f"http://127.0.0.1:{gport}"
@@ -180,16 +196,17 @@ async def measure_costs(model: str, serve_args: list[str], config: CostConfig) -
                    "--health-interval", "1", *UNMODELLED_GATEWAY_ARGS]
         async with _process(gateway, f"{gateway_url}/readyz", config.ready_timeout_s) as (gpid, _):
             await _closed_loop(gateway_url, model, min(1.0, config.duration_s))
-            gateway_curve, gateway_sent = [], []
-            for c in config.concurrencies:
-                g0 = tree_cpu_seconds(gpid)
-                gateway_sent.append(await _closed_loop(gateway_url, model, config.duration_s, c))
-                gateway_curve.append((c, (tree_cpu_seconds(gpid) - g0) / gateway_sent[-1]))
+
+            def gateway_meter() -> Callable[[], float]:
+                before = tree_cpu_seconds(gpid)
+                return lambda: tree_cpu_seconds(gpid) - before
+
+            gateway_curve, gateway_sent = await _cpu_curve(gateway_url, model, config, gateway_meter)
             through = await _low_load(gateway_url, replica_url, model, config)
     replica_cpu, gateway_cpu = replica_curve[0][1], gateway_curve[0][1]
-    return Costs(replica_cpu, gateway_cpu, cold, replica_sent[0], gateway_sent[0],
+    return Costs(replica_cpu, gateway_cpu, cold, replica_sent, gateway_sent,
                  replica_wall_s=max(replica_cpu, direct.outside_s),
                  gateway_wall_s=max(gateway_cpu, through.outside_s - direct.outside_s),
                  timer_lag_s=max(0.0, direct.queue_s - config.max_delay_s),
                  replica_busy_cpu_s=replica_curve[-1][1], gateway_busy_cpu_s=gateway_curve[-1][1],
-                 replica_cpu_curve=tuple(replica_curve), gateway_cpu_curve=tuple(gateway_curve))
+                 replica_cpu_curve=replica_curve, gateway_cpu_curve=gateway_curve)
