@@ -26,10 +26,10 @@ from collections.abc import Callable
 
 from fleetserve.gateway.edge.adaptive import GradientController
 from fleetserve.gateway.edge.config import AdaptiveConcurrencyConfig
+from fleetserve.sim.cpu_charge import CpuCharge
 from fleetserve.sim.events import EventLoop
 from fleetserve.sim.gateway import BalancerConfig, SimBalancer, load_report, reads_load_reports
 from fleetserve.sim.host import Host, Server
-from fleetserve.sim.profile import CpuCharge
 from fleetserve.sim.replica import SimReplica
 from fleetserve.sim.request import CONNECT_ERROR, LIMITED, NO_REPLICA, OK, OVERLOADED, RESET, Request
 

@@ -28,9 +28,10 @@ import random
 from fleetserve.batching.collator import Batch, Collator, Pending
 from fleetserve.batching.config import BatcherConfig
 from fleetserve.errors import Overloaded
+from fleetserve.sim.cpu_charge import CpuCharge
 from fleetserve.sim.events import EventLoop
 from fleetserve.sim.host import Host, Server
-from fleetserve.sim.profile import CpuCharge, Profile, ServiceSampler
+from fleetserve.sim.profile import Profile, ServiceSampler
 from fleetserve.sim.request import EXPIRED, OK, OVERLOADED, RESET, Request
 
 STARTING, READY, DOWN = "starting", "ready", "down"

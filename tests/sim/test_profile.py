@@ -10,7 +10,8 @@ from pathlib import Path
 
 import pytest
 
-from fleetserve.sim.profile import LengthMix, Profile, ServiceSampler, ShapeTiming, cpu_by_in_hand
+from fleetserve.sim.cpu_charge import cpu_by_in_hand
+from fleetserve.sim.profile import LengthMix, Profile, ServiceSampler, ShapeTiming
 from tests.sim.support import linear_profile
 
 
