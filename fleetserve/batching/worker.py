@@ -25,6 +25,7 @@ import time
 from collections.abc import Callable, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
+from typing import cast
 
 import numpy as np
 
@@ -80,6 +81,7 @@ class Batcher:
         self._clock = clock
         self._executor: ThreadPoolExecutor | None = None
         self._instances: list[EngineInstance] = []
+        self._awaited = False  # every instance an AsyncEngineInstance, decided once at start
         self._idle: list[EngineInstance] = []
         self._tasks: set[asyncio.Task[None]] = set()
         self._scheduler: asyncio.Task[None] | None = None
@@ -125,6 +127,7 @@ class Batcher:
             self._instances.clear()
             raise
         self._idle = list(self._instances)
+        self._awaited = all(isinstance(i, AsyncEngineInstance) for i in self._instances)
         self._scheduler = asyncio.create_task(self._schedule(), name="fleetserve-batcher")
         self._scheduler.add_done_callback(self._scheduler_done)
         self._accepting = True
@@ -284,8 +287,8 @@ class Batcher:
         seq = max(job.request.seq for job in jobs) if self._config.pad_to == "longest" else batch.seq
         loop = asyncio.get_running_loop()
         try:
-            if isinstance(instance, AsyncEngineInstance):
-                results, compute_s = await self._execute_async(instance, jobs, seq)
+            if self._awaited:
+                results, compute_s = await self._execute_async(cast(AsyncEngineInstance, instance), jobs, seq)
             else:
                 results, compute_s = await loop.run_in_executor(self._executor, self._execute, instance, jobs, seq)
         except Exception as exc:

@@ -441,7 +441,7 @@ class AwaitedInstance:
 
     async def infer_async(self, inputs: Mapping[str, np.ndarray], outputs: Any = None) -> dict[str, np.ndarray]:
         self.threads.append(("infer_async", threading.current_thread()))
-        await asyncio.sleep(0)
+        await asyncio.sleep(0)  # suspends once, as a call waiting on a socket does; no time passes
         return self.inner.infer(inputs, outputs)
 
 
