@@ -34,9 +34,9 @@ def main() -> None:
     profile = Profile.load(args.profile)
     probe = SpeedProbe.for_engine(profile, EngineConfig(model=profile.model, precision=Precision(profile.precision)),
                                   seconds=args.window)
-    shape = (profile.batch_sizes[0], profile.seq_lengths[SpeedProbe.shape_index(profile)])
-    print(f"# speed drift — batch {shape[0]} at {shape[1]} tokens, {profile.name}, {time.strftime('%Y-%m-%d %H:%M %Z')}"
-          f"; the profile's median {profile.service[0][SpeedProbe.shape_index(profile)].p50_s * 1e3:.3f} ms")
+    rows, tokens = SpeedProbe.shape(profile)
+    print(f"# speed drift — batch {rows} at {tokens} tokens, {profile.name}, {time.strftime('%Y-%m-%d %H:%M %Z')}"
+          f"; the profile's median {probe.reference_s * 1e3:.3f} ms")
     factors = [probe.factor() for _ in range(round(args.seconds / args.window))]
     per_span = max(1, round(args.span / args.window))
     spans = [statistics.fmean(factors[i:i + per_span]) for i in range(0, len(factors) - per_span + 1, per_span)]

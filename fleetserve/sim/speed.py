@@ -33,16 +33,21 @@ class SpeedProbe:
                  clock: Callable[[], float] = time.perf_counter) -> None:
         if seconds <= 0:
             raise ValueError(f"a speed probe needs seconds > 0, got {seconds}")
-        self._reference = profile.service[0][self.shape_index(profile)].p50_s
+        self.reference_s = profile.service[0][self._seq_index(profile)].p50_s  # the profile's median of the shape
         self._call = call
         self._seconds = seconds
         self._clock = clock
 
     @staticmethod
-    def shape_index(profile: Profile) -> int:
-        """The sequence index of the probed shape: the second length (a small call that still runs the model's
-        full depth; the first is often dominated by fixed per-call cost), or the only one."""
+    def _seq_index(profile: Profile) -> int:
+        """The probed shape's sequence length: the second (a small call that still runs the model's full depth;
+        the first is often dominated by fixed per-call cost), or the only one."""
         return min(1, len(profile.seq_lengths) - 1)
+
+    @classmethod
+    def shape(cls, profile: Profile) -> tuple[int, int]:
+        """The (rows, tokens) the probe times: the profile's smallest batch at its second sequence length."""
+        return profile.batch_sizes[0], profile.seq_lengths[cls._seq_index(profile)]
 
     @classmethod
     def for_engine(cls, profile: Profile, config: EngineConfig, seconds: float = 2.0) -> SpeedProbe:
@@ -53,8 +58,7 @@ class SpeedProbe:
 
         engine = build(config, quiet=True).load(profile.threads)
         inputs = engine_inputs(engine)
-        shape = (profile.batch_sizes[0], profile.seq_lengths[cls.shape_index(profile)])
-        feed = feeds(inputs, *shape, random.Random(ProfileConfig().seed))
+        feed = feeds(inputs, *cls.shape(profile), random.Random(ProfileConfig().seed))
         infer = engine.instance().infer
         return cls(profile, lambda: infer(feed), seconds=seconds)
 
@@ -69,4 +73,4 @@ class SpeedProbe:
             t1 = self._clock()
             samples.append(t1 - t0)
             if t1 >= end:
-                return statistics.median(samples) / self._reference
+                return statistics.median(samples) / self.reference_s

@@ -17,7 +17,7 @@ def make_profile() -> Profile:
 
 def test_the_factor_is_the_median_call_now_over_the_profile_s_median_of_the_same_shape() -> None:
     profile = make_profile()
-    reference = profile.service[0][SpeedProbe.shape_index(profile)].p50_s
+    reference = profile.service[0][1].p50_s  # the second sequence length
     now = [0.0]
     durations = iter([9.0] + [reference * 1.1] * 5 + [reference * 50] + [reference * 1.1] * 100)
 
@@ -25,6 +25,8 @@ def test_the_factor_is_the_median_call_now_over_the_profile_s_median_of_the_same
         now[0] += next(durations)
 
     probe = SpeedProbe(profile, call, seconds=reference * 6.5, clock=lambda: now[0])
+    assert probe.reference_s == reference and SpeedProbe.shape(profile) == (profile.batch_sizes[0],
+                                                                             profile.seq_lengths[1])
     # The untimed first call (9 s) and one stalled call move neither the median nor the time budget's count much.
     assert probe.factor() == pytest.approx(1.1)
 
