@@ -71,6 +71,22 @@ def wanted_outputs(outputs: Sequence[str] | None) -> set[str]:
     return want
 
 
+def pad_into(block: np.ndarray, arr: np.ndarray) -> None:
+    """Write ``arr`` (b × s) into the top-left of ``block`` (rows × cols) and zero the rest of it."""
+    b, s = arr.shape
+    block[:b, :s] = arr
+    block[:b, s:] = 0
+    block[b:] = 0
+
+
+def stage_packed(flat: np.ndarray, inputs: Mapping[str, np.ndarray], rows: int, cols: int) -> None:
+    """Write the inputs back to back into ``flat``, each padded to a ``rows × cols`` block, in
+    ``INPUT_NAMES`` order: the layout of one upload covering every input."""
+    n = rows * cols
+    for i, name in enumerate(INPUT_NAMES):
+        pad_into(flat[i * n:(i + 1) * n].reshape(rows, cols), inputs[name])
+
+
 class PinnedInputs:
     """Page-locked int64 buffers, one per input, each ``capacity`` elements; filled and padded in place."""
 
@@ -83,12 +99,7 @@ class PinnedInputs:
     def stage(self, inputs: Mapping[str, np.ndarray], rows: int, cols: int) -> None:
         """Write ``inputs`` (b × s) into the top-left of a zeroed ``rows × cols`` block of each buffer."""
         for name in INPUT_NAMES:
-            arr = inputs[name]
-            b, s = arr.shape
-            host = self._np[name][: rows * cols].reshape(rows, cols)
-            host[:b, :s] = arr
-            host[:b, s:] = 0
-            host[b:] = 0
+            pad_into(self._np[name][: rows * cols].reshape(rows, cols), inputs[name])
 
     def upload(self, device: Mapping[str, torch.Tensor], count: int) -> None:
         """Asynchronously copy the first ``count`` staged elements of every input on the current stream."""
