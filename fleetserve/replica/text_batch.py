@@ -3,7 +3,7 @@
 Tokenising one short text costs a fixed ~100-200 µs of CPU in the Rust tokenizer whatever the batching; done
 on the event-loop thread it is a large share of what that one thread can serve. Here a request parks its
 texts and a future; at the end of the event-loop pass, if no tokenising job is running, the parked texts go
-to a worker thread as one ``encode_batch`` call (which releases the interpreter lock), and the texts that
+to a worker thread as one batch call to the tokenizer (which releases the interpreter lock), and the texts that
 arrive meanwhile wait for the next job. Batches therefore grow with the load and a lone request waits for
 no timer (the scheme of Nagle's algorithm, RFC 896, and of group commit). At most ``max_jobs`` jobs run at
 once; a job starts early only when ``max_texts`` are parked. The parked texts are bounded: past
