@@ -30,7 +30,11 @@ ways, JSON, tokenising on its thread, every thread hand-off and wake-up; the cli
 **gateway wall time** = the same through the gateway minus the replica's, and **timer lag** = queue wait − the
 batcher's ``max_delay_s`` (each lone request waits exactly that in the collator's logic; the rest is how late the
 event loop's timer fired). Subtracting each phase's own queue and engine means keeps the engine's variance (long
-texts) out of the differences.
+texts) out of the differences. The direct run also gives the **engine call in service**: the replica's mean
+engine-call time per request and its mean rows per call (``fleetserve_batch_size``), which the profile sets
+against its own after-idle timing of the same workload's short texts (``Profile.served_factor``). On the 2-core
+box, 2026-12-05, the two profiles of a validation run measured 0.98 and 1.04; one replica timed against a profile
+measured 40 minutes earlier, 1.11x at 10 req/s and 1.18x at one request in flight (BENCHMARKS.md §8.2).
 """
 
 from __future__ import annotations
@@ -47,7 +51,7 @@ from dataclasses import dataclass
 from fleetserve.batching.config import BatcherConfig
 from fleetserve.bench.cpu import replica_overhead, thread_cpu_seconds, tree_cpu_seconds
 from fleetserve.bench.loadgen import LoadConfig, run_load
-from fleetserve.bench.replica_metrics import fetch, stage_mean, stage_sums
+from fleetserve.bench.replica_metrics import engine_counters, fetch, stage_mean, stage_sums
 from fleetserve.deploy.local import free_port
 from fleetserve.errors import FleetserveError
 from fleetserve.fleet.supervisor import http_ok
@@ -86,6 +90,9 @@ class Costs:
     replica_wall_s: float = 0.0
     gateway_wall_s: float = 0.0
     timer_lag_s: float = 0.0
+    # The direct low-load run's engine calls (short texts): mean seconds per request, mean rows per call.
+    served_compute_s: float | None = None
+    served_rows: float = 1.0
     replica_busy_cpu_s: float | None = None
     gateway_busy_cpu_s: float | None = None
     replica_cpu_curve: tuple[tuple[int, float], ...] = ()  # (requests in flight, CPU seconds per request)
@@ -94,12 +101,14 @@ class Costs:
 
 @dataclass(frozen=True)
 class LowLoad:
-    """Means over one low-load run: latency from send, the replica's queue wait and engine call."""
+    """Means over one low-load run: latency from send, the replica's queue wait and engine call (per request), and
+    rows per engine call."""
 
     latency_s: float
     queue_s: float
     compute_s: float
     requests: int
+    rows: float
 
     @property
     def outside_s(self) -> float:
@@ -145,19 +154,22 @@ async def _closed_loop(url: str, model: str, duration_s: float, concurrency: int
     return report.sent
 
 
-def _metrics(replica_url: str) -> dict[str, tuple[float, float]]:
-    return stage_sums(fetch(replica_url))
+def _metrics(replica_url: str) -> tuple[dict[str, tuple[float, float]], dict[str, float]]:
+    text = fetch(replica_url)
+    return stage_sums(text), engine_counters(text)
 
 
 async def _low_load(url: str, replica_url: str, model: str, config: CostConfig) -> LowLoad:
-    before = await asyncio.to_thread(_metrics, replica_url)
+    before, engine_before = await asyncio.to_thread(_metrics, replica_url)
     report = await run_load(LoadConfig(url=url, rate=config.low_load_rps, duration_s=config.low_load_s,
                                        workload="texts", model=model, long_fraction=0.0))
-    after = await asyncio.to_thread(_metrics, replica_url)
+    after, engine_after = await asyncio.to_thread(_metrics, replica_url)
     if report.ok == 0:
         raise FleetserveError(f"no request to {url} succeeded while measuring wall times")
+    calls = engine_after["batches"] - engine_before["batches"]
+    rows = (engine_after["rows"] - engine_before["rows"]) / calls if calls > 0 else 1.0
     return LowLoad(report.service_latency_s["mean"], stage_mean(before, after, "queue"),
-                   stage_mean(before, after, "compute"), report.ok)
+                   stage_mean(before, after, "compute"), report.ok, rows)
 
 
 # Starts counting a process's CPU; what it returns gives the CPU seconds spent since.
@@ -208,5 +220,6 @@ async def measure_costs(model: str, serve_args: list[str], config: CostConfig) -
                  replica_wall_s=max(replica_cpu, direct.outside_s),
                  gateway_wall_s=max(gateway_cpu, through.outside_s - direct.outside_s),
                  timer_lag_s=max(0.0, direct.queue_s - config.max_delay_s),
+                 served_compute_s=direct.compute_s, served_rows=direct.rows,
                  replica_busy_cpu_s=replica_curve[-1][1], gateway_busy_cpu_s=gateway_curve[-1][1],
                  replica_cpu_curve=replica_curve, gateway_cpu_curve=gateway_curve)

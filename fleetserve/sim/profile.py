@@ -147,6 +147,11 @@ class Profile:
     # The shortest wait for work after which an engine call runs at its after-idle timing (a core that waited a
     # few milliseconds is still awake and warm); 0: any wait, as profiles recorded before it was measured assume.
     idle_after_s: float = 0.0
+    # How much slower the engine's calls run inside a serving replica than the same shapes timed alone, after the
+    # same wait: the replica's own mean engine call at low load over the after-idle timing of the shapes it ran
+    # (between calls its core runs the replica's HTTP, JSON and tokenizer work, the gateway and the load
+    # generator, not a sleep); every timing of the table is scaled by it. 1.0: not measured.
+    served_factor: float = 1.0
     cold_start_s: float | None = None  # process start to ready; None: not measured
     lengths: LengthMix = field(default_factory=lambda: LengthMix.fixed(32))
     seq_buckets: tuple[int, ...] = (16, 32, 64, 128, 256, 512)
@@ -165,8 +170,8 @@ class Profile:
             raise ValueError(f"profile seq_lengths must be increasing, got {self.seq_lengths}")
         if len(self.service) != len(self.batch_sizes) or any(len(r) != len(self.seq_lengths) for r in self.service):
             raise ValueError("profile service table must have one row per batch size and one column per length")
-        if self.threads < 1 or self.device_capacity <= 0:
-            raise ValueError("profile threads must be >= 1 and device_capacity > 0")
+        if self.threads < 1 or self.device_capacity <= 0 or not self.served_factor > 0:
+            raise ValueError("profile threads must be >= 1, device_capacity and served_factor > 0")
         if min(self.replica_cpu_s, self.gateway_cpu_s, self.replica_wall_s, self.gateway_wall_s,
                self.timer_lag_s, self.idle_after_s, self.replica_busy_cpu_s or 0.0, self.gateway_busy_cpu_s or 0.0) < 0:
             raise ValueError("profile CPU costs, wall times, timer lag and idle_after_s must be >= 0")
@@ -209,7 +214,8 @@ class Profile:
 
     def timing(self, rows: int, seq: int, idle: bool = False) -> tuple[float, float]:
         """Interpolated (mean seconds, coefficient of variation) of a batch of ``rows`` padded to ``seq``,
-        run back to back or (``idle``) on an instance that was idle before it."""
+        run back to back or (``idle``) on an instance that was idle before it, in a serving replica (the table's
+        timing times ``served_factor``)."""
         bi, bw = _bracket(self.batch_sizes, rows)
         si, sw = _bracket(self.seq_lengths, seq)
         mean = cv = 0.0
@@ -220,7 +226,7 @@ class Profile:
                     m, sd = self.service[i][j].moments(idle)
                     mean += w * m
                     cv += w * sd / m
-        return mean, cv
+        return mean * self.served_factor, cv
 
     def slowed(self, factor: float) -> Profile:
         """This profile on a machine ``factor`` times slower (faster below 1): every time spent running code

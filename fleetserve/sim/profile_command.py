@@ -17,7 +17,7 @@ import random
 import shlex
 import sys
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 from fleetserve.engine.config import EngineConfig
@@ -120,9 +120,13 @@ def run(options: ProfileOptions) -> int:
              f"{os.getloadavg()[0]:.2f} after"]
     if built.model.tokenizer_path is not None:
         tok = TextTokenizer(built.model.tokenizer_path, shape.max_seq)
-        mix = length_mix(lambda texts: [int(n) for n in tok.encode(texts).attention_mask.sum(axis=1)], config)
+
+        def tokens(texts: list[str]) -> list[int]:
+            return [int(n) for n in tok.encode(texts).attention_mask.sum(axis=1)]
+
+        mix, short = length_mix(tokens, config), length_mix(tokens, config, long_fraction=0.0)
     else:
-        mix = LengthMix.fixed(min(32, shape.max_seq))
+        mix = short = LengthMix.fixed(min(32, shape.max_seq))
         notes.append("no tokenizer: request mix fixed at 32 tokens")
     costs = None
     if options.costs:
@@ -155,6 +159,11 @@ def run(options: ProfileOptions) -> int:
         command="fleetserve profile " + shlex.join(sys.argv[2:] if sys.argv[1:2] == ["profile"] else sys.argv[1:]),
         notes=tuple(notes), name=options.name,
     )
+    if costs is not None and costs.served_compute_s is not None:
+        rows = max(1, round(costs.served_rows))
+        alone = sum(w * profile.timing(rows, v, idle=True)[0] for v, w in zip(short.values, short.weights,
+                                                                               strict=True)) / sum(short.weights)
+        profile = replace(profile, served_factor=costs.served_compute_s / alone)
     profile.save(options.out)
     for who, curve in (("replica", profile.replica_cpu_curve), ("gateway", profile.gateway_cpu_curve)):
         if curve:
@@ -166,6 +175,7 @@ def run(options: ProfileOptions) -> int:
           f"replica CPU {profile.replica_cpu_s * 1e6:.0f} us/request ({profile.replica_loaded_cpu_s * 1e6:.0f} busy), "
           f"gateway CPU {profile.gateway_cpu_s * 1e6:.0f} us/request ({profile.gateway_loaded_cpu_s * 1e6:.0f} busy), "
           f"wall at low load: replica {profile.replica_wall_s * 1e6:.0f} us, gateway "
-          f"{profile.gateway_wall_s * 1e6:.0f} us, timer lag {profile.timer_lag_s * 1e6:.0f} us; cold start {cold} "
+          f"{profile.gateway_wall_s * 1e6:.0f} us, timer lag {profile.timer_lag_s * 1e6:.0f} us, engine calls in "
+          f"service {profile.served_factor:.2f}x the timing alone; cold start {cold} "
           f"-> {options.out}")
     return 0

@@ -207,10 +207,13 @@ def measure_capacity(make_infer: Callable[[], Callable[[dict[str, np.ndarray]], 
     return max(rates.values()) / rates[counts[0]]
 
 
-def length_mix(tokenize: Callable[[list[str]], list[int]], config: ProfileConfig) -> LengthMix:
-    """Token counts of the load generator's ``texts`` workload under the model's tokenizer."""
+def length_mix(tokenize: Callable[[list[str]], list[int]], config: ProfileConfig,
+               long_fraction: float = WorkloadConfig.long_fraction) -> LengthMix:
+    """Token counts of the load generator's ``texts`` workload (``long_fraction`` of them long) under the model's
+    tokenizer."""
     import json
 
-    payloads = make_payloads(WorkloadConfig(name="texts", pool_size=config.mix_texts), random.Random(config.seed))
+    payloads = make_payloads(WorkloadConfig(name="texts", pool_size=config.mix_texts, long_fraction=long_fraction),
+                             random.Random(config.seed))
     texts = [json.loads(p.body)["texts"][0] for p in payloads]
     return LengthMix.from_samples(tokenize(texts))

@@ -48,7 +48,7 @@ def test_stage_means_come_from_the_replicas_histogram_between_two_scrapes() -> N
     with pytest.raises(FleetserveError, match="no 'queue' time"):
         stage_mean(after, after, "queue")
     # What a request spent outside the batcher's queue and the engine.
-    assert LowLoad(0.010, 0.0025, 0.005, 50).outside_s == pytest.approx(0.0025)
+    assert LowLoad(0.010, 0.0025, 0.005, 50, 1.0).outside_s == pytest.approx(0.0025)
 
 
 def test_a_process_that_exits_before_ready_names_its_last_error_line() -> None:

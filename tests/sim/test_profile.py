@@ -50,6 +50,18 @@ def test_a_call_after_idling_takes_the_idle_timing_when_measured() -> None:
     assert linear_profile(base_s=0.002).timing(1, 32, idle=True)[0] == pytest.approx(0.002)
 
 
+def test_a_serving_replica_runs_every_shape_served_factor_times_slower() -> None:
+    p = replace(linear_profile(base_s=0.002, cv=0.1, idle_extra_s=0.0005), served_factor=1.2)
+    assert p.timing(1, 32) == pytest.approx((0.0024, 0.1))  # the spread scales with the mean
+    assert p.timing(1, 32, idle=True)[0] == pytest.approx(0.003)
+    sample = ServiceSampler(p, random.Random(2))
+    draws = [sample(4, 16) for _ in range(4000)]
+    assert statistics.fmean(draws) == pytest.approx(0.0024, rel=0.02)
+    assert p.slowed(2.0).served_factor == 1.2  # the machine's speed and the serving penalty are apart
+    with pytest.raises(ValueError, match="served_factor"):
+        replace(p, served_factor=0.0)
+
+
 def test_waiting_beyond_the_cpu_is_the_wall_time_less_the_cpu_never_negative() -> None:
     p = linear_profile(replica_cpu_s=0.001, replica_wall_s=0.003, gateway_cpu_s=0.001, gateway_wall_s=0.0005)
     assert p.replica_wait_s == pytest.approx(0.002)
@@ -74,11 +86,13 @@ def test_a_profile_from_before_wall_times_and_idle_timings_still_loads() -> None
     for key in ("replica_wall_s", "gateway_wall_s", "timer_lag_s", "replica_busy_cpu_s", "gateway_busy_cpu_s",
                 "idle_after_s"):
         del data[key]
+    del data["served_factor"]
     for row in data["service"]:
         for timing in row:
             del timing["idle_mean_s"], timing["idle_std_s"]
     old = Profile.from_json(json.loads(json.dumps(data)))
     assert (old.replica_wall_s, old.gateway_wall_s, old.timer_lag_s, old.idle_after_s) == (0.0, 0.0, 0.0, 0.0)
+    assert old.served_factor == 1.0
     assert old.service[0][0].idle_mean_s is None and old.timing(1, 16, idle=True) == old.timing(1, 16)
     assert old.replica_busy_cpu_s is None and old.replica_loaded_cpu_s == old.replica_cpu_s == 0.001
 
@@ -96,6 +110,7 @@ def test_a_profile_survives_a_json_round_trip(tmp_path: Path) -> None:
     p = linear_profile(cv=0.1, name="gpu-a", cost_per_hour=2.5, idle_extra_s=0.0002, replica_cpu_s=0.001,
                        replica_wall_s=0.002, gateway_wall_s=0.001, timer_lag_s=0.0003, replica_busy_cpu_s=0.0004,
                        gateway_busy_cpu_s=0.0002, idle_after_s=0.005)
+    p = replace(p, served_factor=1.15)
     path = tmp_path / "p.json"
     p.save(path)
     assert Profile.load(path) == p
