@@ -64,6 +64,8 @@ class SimConfig:
     faults: tuple[Fault, ...] = ()
     scaling: ScalingConfig | None = None
     adaptive: AdaptiveConcurrencyConfig | None = None  # the gateway's adaptive concurrency limit; None: off
+    # Requests of more tokens than this are reported apart from the rest (SimResult.latency_by_length); None: not.
+    split_tokens: int | None = None
     seed: int = 0
 
     def __post_init__(self) -> None:
@@ -81,6 +83,8 @@ class SimConfig:
             raise ValueError(f"max_retries must be in 0..3, got {self.max_retries}")
         if self.replica_cores is not None and self.replica_cores <= 0:
             raise ValueError("replica_cores must be > 0")
+        if self.split_tokens is not None and self.split_tokens < 1:
+            raise ValueError(f"split_tokens must be >= 1, got {self.split_tokens}")
         if not 1 <= self.rows <= self.batcher.max_batch:
             raise ValueError(f"rows per request must be in 1..max_batch ({self.batcher.max_batch})")
         for group in self.groups:

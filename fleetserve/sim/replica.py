@@ -72,6 +72,7 @@ class SimReplica:
         self.inflight_rows = 0
         self.batches = 0
         self.batched_rows = 0
+        self.engine_row_seconds = 0.0  # each finished batch's time on its instance, times its rows
 
     @property
     def servers(self) -> list[Server]:
@@ -162,11 +163,13 @@ class SimReplica:
         self.batched_rows += rows
         freed = self._freed_at.get(instance)
         idle = freed is None or 0.0 < self.loop.now - freed >= self._idle_after_s
-        instance.submit(self._sample(rows, seq, idle) * self.slow_factor, self._ran, (instance, entries, rows))
+        instance.submit(self._sample(rows, seq, idle) * self.slow_factor, self._ran,
+                        (instance, entries, rows, self.loop.now))
 
-    def _ran(self, job: tuple[Server, tuple[Pending[Request], ...], int]) -> None:
-        instance, entries, rows = job
+    def _ran(self, job: tuple[Server, tuple[Pending[Request], ...], int, float]) -> None:
+        instance, entries, rows, started = job
         self.inflight_rows -= rows
+        self.engine_row_seconds += (self.loop.now - started) * rows
         self._freed_at[instance] = self.loop.now
         self._idle.append(instance)
         for entry in entries:
@@ -183,7 +186,7 @@ class SimReplica:
         lost: list[Request] = []
         for server in self.servers:
             for item in server.abort():
-                if isinstance(item, tuple):  # an engine's batch: (instance, queued entries, rows)
+                if isinstance(item, tuple):  # an engine's batch: (instance, queued entries, rows, started)
                     lost.extend(entry.payload for entry in item[1])
                 else:  # a request still on the event loop
                     lost.append(item)

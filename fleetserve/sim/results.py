@@ -17,24 +17,36 @@ PERCENTILES = (50.0, 90.0, 99.0, 99.9)
 
 
 class Recorder:
-    """Collects outcomes of requests that arrived inside the measurement window."""
+    """Collects outcomes of requests that arrived inside the measurement window; with ``split_tokens``, the
+    latencies of requests up to that many tokens (``short``) and longer (``long``) apart as well."""
 
-    __slots__ = ("answered_at", "errors", "latencies", "window_start")
+    __slots__ = ("answered_at", "errors", "latencies", "long", "short", "split_tokens", "window_start")
 
-    def __init__(self, window_start: float) -> None:
+    def __init__(self, window_start: float, split_tokens: int | None = None) -> None:
         self.window_start = window_start
+        self.split_tokens = split_tokens
         self.latencies = array.array("d")
         self.answered_at = array.array("d")
+        self.short = array.array("d")
+        self.long = array.array("d")
         self.errors: Counter[int] = Counter()
 
-    def record(self, arrived_at: float, now: float, status: int) -> None:
+    def record(self, arrived_at: float, now: float, status: int, tokens: int = 0) -> None:
         if arrived_at < self.window_start:
             return
         if status == OK:
             self.latencies.append(now - arrived_at)
             self.answered_at.append(now)
+            if self.split_tokens is not None:
+                (self.long if tokens > self.split_tokens else self.short).append(now - arrived_at)
         else:
             self.errors[status] += 1
+
+    def by_length(self) -> dict[str, dict[str, float]]:
+        """Latency statistics of the short and the long requests; empty without ``split_tokens``."""
+        if self.split_tokens is None:
+            return {}
+        return {"short": latency_stats(self.short), "long": latency_stats(self.long)}
 
     def answered_by(self, t: float) -> int:
         """OK answers given by time ``t``."""
@@ -58,6 +70,11 @@ class SimResult:
     wall_s: float
     events: int
     notes: tuple[str, ...] = field(default=())
+    # Mean time a request's batch spent on its engine instance, from start to finish (processor sharing
+    # included), as a replica's ``fleetserve_request_duration_seconds{stage="compute"}`` counts it.
+    engine_s_per_request: float = float("nan")
+    # "short" and "long" latency statistics when SimConfig.split_tokens asked for them.
+    latency_by_length: dict[str, dict[str, float]] = field(default_factory=dict)
 
     @property
     def throughput_rps(self) -> float:
@@ -84,6 +101,9 @@ class SimResult:
             "utilisation": self.utilisation, "utilisation_by_group": self.utilisation_by_group,
             "mean_batch": self.mean_batch, "retries": self.retries, "replicas": self.replicas,
             "requests": self.requests, "wall_s": self.wall_s, "events": self.events, "notes": list(self.notes),
+            "engine_ms_per_request": self.engine_s_per_request * 1e3,
+            "latency_by_length_ms": {k: {q: v * 1e3 for q, v in stats.items()}
+                                     for k, stats in self.latency_by_length.items()},
         }
 
 

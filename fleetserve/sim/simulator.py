@@ -61,7 +61,7 @@ class Simulation:
         self._ticked_ready = len(self.replicas)  # ready replicas the last scaling tick saw (the gateway's view)
         self._faults = self._targets()
         self._probe_streaks: dict[str, int] = {}
-        self._recorder = Recorder(config.warmup_s)
+        self._recorder = Recorder(config.warmup_s, config.split_tokens)
         self._sampler = config.length_mix().sampler(self._rng["lengths"])
         self._arrivals: Iterator[Arrival] = config.arrivals.source(self._rng["arrivals"])
         self._arrived = 0
@@ -141,7 +141,7 @@ class Simulation:
         return self._ticked_ready < self.config.scaling.max_replicas
 
     def _done(self, request: Request, status: int) -> None:
-        self._recorder.record(request.arrived_at, self.loop.now, status)
+        self._recorder.record(request.arrived_at, self.loop.now, status, request.tokens)
         self._outstanding -= 1
         if self._outstanding == 0 and self._arrived >= self.config.requests:
             self._finished = True
@@ -275,15 +275,18 @@ class Simulation:
             groups.setdefault(replica.profile.name, []).append(replica.utilisation(elapsed))
         utils = [u for values in groups.values() for u in values]
         batches = sum(r.batches for r in self.replicas)
+        rows = sum(r.batched_rows for r in self.replicas)
         return SimResult(
             offered_rps=self._arrived / max(self._last_arrival, 1e-9), window_s=window, ok=len(rec.latencies),
             ok_in_window=rec.answered_by(self._last_arrival),
             errors=error_names(rec.errors), latency_s=latency_stats(rec.latencies),
             utilisation=sum(utils) / len(utils) if utils else 0.0,
             utilisation_by_group={k: sum(v) / len(v) for k, v in groups.items()},
-            mean_batch=sum(r.batched_rows for r in self.replicas) / batches if batches else 0.0,
+            mean_batch=rows / batches if batches else 0.0,
             retries=sum(w.retries for w in self.workers), replicas=len(self.replicas), requests=self._arrived,
             wall_s=wall_s, events=self.loop.steps, notes=tuple(self._notes),
+            engine_s_per_request=sum(r.engine_row_seconds for r in self.replicas) / rows if rows else float("nan"),
+            latency_by_length=rec.by_length(),
         )
 
 

@@ -16,6 +16,7 @@ from fleetserve.sim.arrivals import ArrivalConfig
 from fleetserve.sim.config import ReplicaGroup, SimConfig
 from fleetserve.sim.faults import Fault
 from fleetserve.sim.gateway import BalancerConfig
+from fleetserve.sim.profile import LengthMix
 from fleetserve.sim.scaling import FixedSize, FleetSnapshot, ScalingConfig
 from fleetserve.sim.simulator import Simulation, simulate
 from tests.sim.support import linear_profile
@@ -271,3 +272,21 @@ def test_the_limit_refuses_nothing_while_the_scaling_rule_may_still_add_replicas
     # Growing to its maximum of 4 (4,000 requests/s): the limit stands aside until they are ready, not started,
     # and then takes over from the in-flight they carried instead of refusing nearly everything.
     assert reaching.errors.get("limited_503", 0) < 0.01 * reaching.requests
+
+
+def test_short_and_long_requests_are_reported_apart_with_their_engine_time() -> None:
+    """Lone requests on an engine whose calls take 1 ms per 16 tokens: 16-token requests take 1 ms, 128-token ones
+    8 ms, and a request's engine time averages 3 of the first to 1 of the second."""
+    base = linear_profile()
+    service = tuple(tuple(replace(row[0], mean_s=0.001 * s / 16, std_s=0.0) for s in base.seq_lengths)
+                    for row in base.service)
+    profile = replace(base, service=service, lengths=LengthMix((16, 128), (3.0, 1.0)))
+    config = _config(1, 20.0, groups=(ReplicaGroup(profile, 1),), requests=2000, split_tokens=40)
+    result = simulate(config)
+    short, long = result.latency_by_length["short"], result.latency_by_length["long"]
+    assert short["p50"] == pytest.approx(0.001, rel=0.02) and long["p50"] == pytest.approx(0.008, rel=0.02)
+    assert result.engine_s_per_request == pytest.approx(0.25 * 0.008 + 0.75 * 0.001, rel=0.1)
+    assert result.to_json()["latency_by_length_ms"]["long"]["p50"] == pytest.approx(8.0, rel=0.02)
+    assert simulate(replace(config, split_tokens=None)).latency_by_length == {}
+    with pytest.raises(ValueError, match="split_tokens"):
+        replace(config, split_tokens=0)
