@@ -20,7 +20,14 @@ upstream ↔ replica handler (the replica's HTTP parsing and the loopback), hand
 The simulator runs the same case (one replica, same length mix, the measured profile) and prints its
 latency, so the missing part shows as one line.
 
+``--by-length`` asks which texts the model gets wrong: the gateway and ``--replicas`` replicas under the full mix
+at ``--rate``, sent by two load generators at once (the short texts at ``1 - --long-fraction`` of the rate, the
+long ones at the rest: together the same Poisson stream), so each class has its own latencies; the simulator
+runs the same fleet and mix and reports the same classes (``SimConfig.split_tokens``), seeds ``--seeds``, and
+beside them the engine call per request, measured (the replicas' ``stage=compute``) and simulated.
+
     PYTHONPATH=. .venv/bin/python benchmarks/sim_breakdown.py --profile benchmarks/profiles/minilm-int8-cpu.json
+    PYTHONPATH=. .venv/bin/python benchmarks/sim_breakdown.py --profile P.json --by-length --replicas 2 --rate 60
 """
 
 from __future__ import annotations
@@ -131,6 +138,60 @@ def predict(profile: Profile, rate: float, gateway: bool, replicas: int = 1) -> 
     return result.latency_s["mean"], result.p("p50"), result.p("p99")
 
 
+def by_length_config(profile: Profile, replicas: int, rate: float, duration_s: float, background: float,
+                     seed: int) -> SimConfig:
+    """The simulated fleet of a ``--by-length`` run: ``replicas`` behind the gateway, the profile's full mix."""
+    return SimConfig(
+        groups=(ReplicaGroup(profile, replicas),), arrivals=ArrivalConfig("poisson", rate=rate),
+        requests=max(1000, round(rate * (1.0 + duration_s))), warmup_s=1.0,
+        balancer=BalancerConfig(health_interval_s=1.0), batcher=BatcherConfig(max_batch=32, max_delay_s=0.002),
+        shared_host_cores=float(os.cpu_count() or 1), background_cores=background, split_tokens=SHORT_MAX_TOKENS,
+        seed=seed,
+    )
+
+
+def _ms(stats: dict[str, float]) -> str:
+    return " / ".join(f"{stats[q] * 1e3:.1f}" for q in ("p50", "p90", "p99"))
+
+
+async def by_length(args: argparse.Namespace, profile: Profile) -> None:
+    """Short and long texts' latencies, real and simulated, through the gateway to ``args.replicas`` replicas."""
+    ports = [free_port() for _ in range(args.replicas)]
+    urls = [f"http://127.0.0.1:{p}" for p in ports]
+    gport = free_port()
+    gateway_url = f"http://127.0.0.1:{gport}"
+    async with contextlib.AsyncExitStack() as stack:
+        for p, u in zip(ports, urls, strict=True):
+            await stack.enter_async_context(process(serve(p), f"{u}/v2/health/ready"))
+        gateway = [*CLI, "gateway", *(a for u in urls for a in ("--backend", u)), "--host", "127.0.0.1",
+                   "--port", str(gport), "--health-interval", "1", *UNMODELLED_GATEWAY_ARGS]
+        await stack.enter_async_context(process(gateway, f"{gateway_url}/readyz"))
+        await run_load(LoadConfig(url=gateway_url, concurrency=2, duration_s=1.0, workload="texts"))
+        before = histogram_sums([metrics_text(u) for u in urls])
+        cpu0 = time.process_time()
+        reports = await asyncio.gather(*(
+            run_load(LoadConfig(url=gateway_url, rate=args.rate * share, duration_s=args.duration, warmup_s=1.0,
+                                workload="texts", long_fraction=long, seed=args.seed + long))
+            for share, long in ((1 - args.long_fraction, 0.0), (args.long_fraction, 1.0))))
+        generator_s = time.process_time() - cpu0
+        after = histogram_sums([metrics_text(u) for u in urls])
+    sent = sum(r.sent for r in reports)
+    lag = sum(r.schedule_lag_mean_s * r.sent for r in reports) / max(1, sent)
+    compute = histogram_means(before, after).get("fleetserve_request_duration_seconds{stage=compute}", float("nan"))
+    print(f"## gateway + {args.replicas} replicas, {args.rate:g} req/s Poisson, {args.long_fraction:.0%} long: "
+          f"{sum(r.achieved_rps for r in reports):.1f} req/s, {sum(r.errors for r in reports)} errors, generator "
+          f"lag {lag * 1e3:.2f} ms (added to the simulated latencies), engine call {compute * 1e3:.2f} ms per request")
+    print("| | short p50 / p90 / p99 ms | long p50 / p90 / p99 ms | engine call ms per request |\n|---|---|---|---|")
+    short, long = ({q: r.percentile(v) for q, v in (("p50", 50), ("p90", 90), ("p99", 99))} for r in reports)
+    print(f"| measured | {_ms(short)} | {_ms(long)} | {compute * 1e3:.2f} |")
+    background = args.rate * generator_s / max(1, sent)
+    for seed in range(args.seeds):
+        result = simulate(by_length_config(profile, args.replicas, args.rate, args.duration, background, seed))
+        classes = {k: {q: v + lag for q, v in stats.items()} for k, stats in result.latency_by_length.items()}
+        print(f"| simulated, seed {seed} | {_ms(classes['short'])} | {_ms(classes['long'])} | "
+              f"{result.engine_s_per_request * 1e3:.2f} |")
+
+
 def show(run: Run) -> None:
     r = run.report
     ms = 1e3
@@ -204,7 +265,13 @@ def main() -> None:
     ap.add_argument("--long-fraction", type=float, default=0.0)
     ap.add_argument("--skip-gateway", action="store_true")
     ap.add_argument("--replicas", type=int, default=1)
+    ap.add_argument("--by-length", action="store_true",
+                    help="short and long texts' latencies apart, through the gateway (the full mix; see above)")
+    ap.add_argument("--seeds", type=int, default=3, help="--by-length: simulated runs")
+    ap.add_argument("--seed", type=int, default=11, help="--by-length: the load generators' seed")
     args = ap.parse_args()
+    if args.by_length and not 0 < args.long_fraction < 1:
+        ap.error("--by-length needs 0 < --long-fraction < 1")
     LONG[0] = args.long_fraction
     profile = Profile.load(args.profile)
     mix = profile.lengths
@@ -214,6 +281,9 @@ def main() -> None:
         print(f"profile: mean engine call at batch 1 over the {name} texts: {mean * 1e3:.2f} ms")
     print(f"# request breakdown, {os.cpu_count()} cores, {time.strftime('%Y-%m-%d %H:%M %Z')}, "
           f"load average {' '.join(Path('/proc/loadavg').read_text().split()[:3])}")
+    if args.by_length:
+        asyncio.run(by_length(args, profile))
+        return
     asyncio.run(main_async(args))
     for gateway in (False, True):
         mean, p50, p99 = predict(profile, args.rate, gateway, args.replicas)

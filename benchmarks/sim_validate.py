@@ -38,9 +38,10 @@ Profile on a quiet machine: engine times measured while others compete for the c
 prediction then counts that competition twice.
 
 It prints both side by side with the relative errors (goal: throughput within 10%, p99 within 15%), and under
-each row what the engines did: mean rows per engine call, measured (the replicas' own metrics over the measured
-window) and simulated, with the measured padded length, queue wait and engine-call time per request and
-replica 0's share of the rows, to tell a wrong service time from a wrong batch or a wrong split.
+each row what the engines did: mean rows per engine call and the engine-call time per request, measured (the
+replicas' own metrics over the measured window) and simulated (``SimResult.engine_s_per_request``), with the
+measured padded length, queue wait per request and replica 0's share of the rows, to tell a wrong service time
+from a wrong batch or a wrong split.
 ``--repeats N`` runs each real row N times and ``--seeds K`` simulates it K times (seeds from ``--seed``): the
 table then gives medians, and each p99 with its range, since the p99 of a run of a few thousand requests
 varies between identical runs, real and simulated alike.
@@ -76,6 +77,7 @@ from fleetserve.sim.costs import UNMODELLED_GATEWAY_ARGS
 from fleetserve.sim.faults import Fault
 from fleetserve.sim.gateway import BalancerConfig
 from fleetserve.sim.profile import Profile
+from fleetserve.sim.results import SimResult
 from fleetserve.sim.simulator import simulate
 from fleetserve.sim.speed import SpeedProbe
 
@@ -106,15 +108,18 @@ class Row:
     # seeds): rows per engine call, and for the measured side padded length, queue and engine time per request.
     measured_engine: dict[str, float] = field(default_factory=dict)
     predicted_mean_batch: float = float("nan")
+    predicted_engine_ms: float = float("nan")  # the simulated batch's time on its engine instance, per request
 
     def engine_line(self) -> str:
         m = self.measured_engine
         if not m:
-            return f"   engine: predicted mean batch {self.predicted_mean_batch:.2f}"
+            return (f"   engine: predicted mean batch {self.predicted_mean_batch:.2f}, engine call "
+                    f"{self.predicted_engine_ms:.1f} ms per request")
         return (f"   engine: mean batch measured {m['replica_mean_batch']:.2f}, predicted "
-                f"{self.predicted_mean_batch:.2f}; measured padded length {m['replica_mean_padded_len']:.1f}, "
-                f"queue {m['replica_queue_ms']:.1f} ms and engine call {m['replica_compute_ms']:.1f} ms per "
-                f"request, replica 0's share of rows {m['replica0_row_share']:.1%}")
+                f"{self.predicted_mean_batch:.2f}; engine call per request measured {m['replica_compute_ms']:.1f} ms, "
+                f"predicted {self.predicted_engine_ms:.1f} ms; measured padded length "
+                f"{m['replica_mean_padded_len']:.1f}, queue {m['replica_queue_ms']:.1f} ms per request, replica 0's "
+                f"share of rows {m['replica0_row_share']:.1%}")
 
     def error(self, measured: float, predicted: float) -> float:
         return (predicted - measured) / measured if measured else float("nan")
@@ -216,18 +221,29 @@ def engine_medians(events: list[dict[str, float]]) -> dict[str, float]:
     return {k: statistics.median(e[k] for e in events if k in e) for k in BATCH_EVENTS if any(k in e for e in events)}
 
 
+@dataclass(frozen=True)
+class Prediction:
+    """Medians over one simulated run per seed, and every run's p99 (a run as long as the real one, so the seeds
+    show how much a p99 of that many requests varies in the model)."""
+
+    rps: float
+    p50_ms: float
+    p99s_ms: list[float]
+    mean_batch: float
+    engine_ms: float  # per request
+
+
 def predict(profile: Profile, replicas: int, rate: float, duration_s: float, background_cores: float,
-            throttle: bool, seeds: range) -> tuple[float, float, list[float], float]:
-    """Median throughput and p50 over one simulated run per seed, every run's p99 (a run as long as the
-    real one, so the seeds show how much a p99 of that many requests varies in the model), and the median
-    mean batch."""
+            throttle: bool, seeds: range) -> Prediction:
     runs = [_simulate(profile, replicas, rate, duration_s, background_cores, throttle, seed) for seed in seeds]
-    return (statistics.median(r[0] for r in runs), statistics.median(r[1] for r in runs), [r[2] for r in runs],
-            statistics.median(r[3] for r in runs))
+    return Prediction(statistics.median(r.throughput_rps for r in runs),
+                      statistics.median(r.p("p50") for r in runs) * 1e3, [r.p("p99") * 1e3 for r in runs],
+                      statistics.median(r.mean_batch for r in runs),
+                      statistics.median(r.engine_s_per_request for r in runs) * 1e3)
 
 
 def _simulate(profile: Profile, replicas: int, rate: float, duration_s: float, background_cores: float,
-              throttle: bool, seed: int) -> tuple[float, float, float, float]:
+              throttle: bool, seed: int) -> SimResult:
     config = SimConfig(
         groups=(ReplicaGroup(profile, replicas),), arrivals=ArrivalConfig("poisson", rate=rate),
         requests=max(1000, round(rate * (WARMUP_S + duration_s))), warmup_s=WARMUP_S,
@@ -235,8 +251,7 @@ def _simulate(profile: Profile, replicas: int, rate: float, duration_s: float, b
         shared_host_cores=float(os.cpu_count() or 1), background_cores=background_cores,
         faults=(Fault("throttle", indices=(0,), at_s=WARMUP_S),) if throttle else (), seed=seed,
     )
-    result = simulate(config)
-    return result.throughput_rps, result.p("p50") * 1e3, result.p("p99") * 1e3, result.mean_batch
+    return simulate(config)
 
 
 class Speeds:
@@ -281,7 +296,7 @@ async def capacities_of(args: argparse.Namespace, profile: Profile, probe: Speed
         async def p50(rate: float) -> float:
             background = rate * generator_cpu_per_request + others
             return predict(at_speed, replicas, rate, args.capacity_duration, background, False,
-                           range(args.seed, args.seed + args.seeds))[1]
+                           range(args.seed, args.seed + args.seeds)).p50_ms
         return p50
 
     speeds.report()
@@ -344,18 +359,18 @@ async def validate(args: argparse.Namespace, given: Profile | None,
             runs = [r.report for r in results]
             background = rate * generator_cpu_per_request + statistics.mean(others)
             seeds = range(args.seed, args.seed + args.seeds)
-            rps, p50, p99s, mean_batch = predict(profile.slowed(speeds.mean()), replicas, rate, args.duration,
-                                                 background, throttle, seeds)
+            model = predict(profile.slowed(speeds.mean()), replicas, rate, args.duration, background, throttle, seeds)
+            p99s = model.p99s_ms
             unprobed_p99 = statistics.median(p99s) if probe is None else statistics.median(
-                predict(profile, replicas, rate, args.duration, background, throttle, seeds)[2])
+                predict(profile, replicas, rate, args.duration, background, throttle, seeds).p99s_ms)
             lag = statistics.mean(r.schedule_lag_mean_s for r in runs) * 1e3
             measured_p99s = [r.percentile(99) * 1e3 for r in runs]
-            row = Row(replicas, name, rate, statistics.median(r.achieved_rps for r in runs), rps,
-                      statistics.median(r.percentile(50) for r in runs) * 1e3, p50 + lag,
+            row = Row(replicas, name, rate, statistics.median(r.achieved_rps for r in runs), model.rps,
+                      statistics.median(r.percentile(50) for r in runs) * 1e3, model.p50_ms + lag,
                       statistics.median(measured_p99s), statistics.median(p99s) + lag,
                       sum(r.errors for r in runs), background, lag, speeds.mean(), unprobed_p99 + lag,
                       (min(measured_p99s), max(measured_p99s)), (min(p99s) + lag, max(p99s) + lag),
-                      engine_medians([r.events for r in results]), mean_batch)
+                      engine_medians([r.events for r in results]), model.mean_batch, model.engine_ms)
             print(table([row]), flush=True)
             print(row.engine_line(), flush=True)
             rows.append(row)

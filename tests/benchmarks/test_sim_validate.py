@@ -1,8 +1,10 @@
-"""``benchmarks/sim_validate.py``'s capacity search, on a fleet whose median latency is a function of the rate."""
+"""``benchmarks/sim_validate.py``: the capacity search (on a fleet whose median latency is a function of the rate) and
+the prediction it prints; ``benchmarks/sim_breakdown.py --by-length``'s simulated fleet."""
 
 from __future__ import annotations
 
 import asyncio
+from dataclasses import replace
 
 import pytest
 
@@ -31,3 +33,32 @@ def test_open_capacity_says_so_when_nothing_holds(capsys: pytest.CaptureFixture[
 
     assert asyncio.run(sim_validate.open_capacity(overloaded, 200.0, 100.0, 3, "test")) == 100.0
     assert "no rate tried held" in capsys.readouterr().out
+
+
+def test_a_prediction_gives_the_engine_time_per_request_beside_the_batch() -> None:
+    import sim_validate
+
+    from tests.sim.support import linear_profile
+
+    model = sim_validate.predict(linear_profile(base_s=0.002, device="cpu"), 2, 40.0, 2.0, 0.0, False, range(2))
+    assert len(model.p99s_ms) == 2 and model.rps == pytest.approx(40.0, rel=0.25)
+    assert model.mean_batch == pytest.approx(1.0, abs=0.05)
+    assert model.engine_ms == pytest.approx(2.0, rel=0.05)  # lone requests on idle engines: the profile's 2 ms
+    row = sim_validate.Row(2, "30% load", 40.0, 40.0, model.rps, 5.0, model.p50_ms, 9.0, 9.0, 0, 0.0, 1.0, 1.0, 9.0,
+                           (9.0, 9.0), (9.0, 9.0), {}, model.mean_batch, model.engine_ms)
+    assert f"engine call {model.engine_ms:.1f} ms per request" in row.engine_line()
+
+
+def test_by_length_simulates_the_fleet_with_short_and_long_texts_apart() -> None:
+    import sim_breakdown
+
+    from fleetserve.sim.profile import LengthMix
+    from fleetserve.sim.simulator import simulate
+    from tests.sim.support import linear_profile
+
+    profile = replace(linear_profile(base_s=0.002, device="cpu"), lengths=LengthMix((20, 200), (9.0, 1.0)))
+    config = sim_breakdown.by_length_config(profile, 2, 30.0, 3.0, 0.1, seed=1)
+    assert config.split_tokens == sim_breakdown.SHORT_MAX_TOKENS and config.replicas == 2
+    result = simulate(config)
+    assert set(result.latency_by_length) == {"short", "long"}
+    assert result.latency_by_length["short"]["p50"] > 0 and result.latency_by_length["long"]["p50"] > 0
