@@ -149,8 +149,8 @@ class Profile:
     idle_after_s: float = 0.0
     # How much slower the engine's calls run inside a serving replica than the same shapes timed alone, after the
     # same wait: the replica's own mean engine call at low load over the after-idle timing of the shapes it ran
-    # (between calls its core runs the replica's HTTP, JSON and tokenizer work, the gateway and the load
-    # generator, not a sleep); every timing of the table is scaled by it. 1.0: not measured.
+    # (between calls its core runs the replica's HTTP, JSON and tokenizer work rather than a sleep); every timing
+    # of the table is scaled by it. 1.0: not measured.
     served_factor: float = 1.0
     cold_start_s: float | None = None  # process start to ready; None: not measured
     lengths: LengthMix = field(default_factory=lambda: LengthMix.fixed(32))
