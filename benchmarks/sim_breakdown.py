@@ -40,7 +40,7 @@ import sys
 import time
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 from fleetserve.batching.config import BatcherConfig
@@ -126,28 +126,28 @@ def predict(profile: Profile, rate: float, gateway: bool, replicas: int = 1) -> 
     mix = profile.lengths
     keep = [(v, w) for v, w in zip(mix.values, mix.weights, strict=True) if (v > SHORT_MAX_TOKENS) == (LONG[0] == 1)]
     lengths = LengthMix(tuple(v for v, _ in keep), tuple(w for _, w in keep)) if LONG[0] in (0, 1) else mix
-    config = SimConfig(
-        groups=(ReplicaGroup(profile, replicas),), arrivals=ArrivalConfig("poisson", rate=rate), requests=3000,
-        warmup_s=1.0, balancer=BalancerConfig(health_interval_s=1.0),
-        batcher=BatcherConfig(max_batch=32, max_delay_s=0.002), lengths=lengths,
-        gateway_cpu_s=None if gateway else 0.0, gateway_wait_s=None if gateway else 0.0,
-        shared_host_cores=float(os.cpu_count() or 1),
-    )
+    config = replace(fleet_config(profile, replicas, rate, requests=3000), lengths=lengths,
+                     gateway_cpu_s=None if gateway else 0.0, gateway_wait_s=None if gateway else 0.0)
     result = simulate(config)
     print(f"(simulated mean batch {result.mean_batch:.2f})")
     return result.latency_s["mean"], result.p("p50"), result.p("p99")
 
 
+def fleet_config(profile: Profile, replicas: int, rate: float, requests: int) -> SimConfig:
+    """The simulated fleet of the real one here: ``replicas`` behind the gateway, Poisson at ``rate``, the same
+    batcher and health interval, every process sharing this machine's cores."""
+    return SimConfig(
+        groups=(ReplicaGroup(profile, replicas),), arrivals=ArrivalConfig("poisson", rate=rate), requests=requests,
+        warmup_s=1.0, balancer=BalancerConfig(health_interval_s=1.0),
+        batcher=BatcherConfig(max_batch=32, max_delay_s=0.002), shared_host_cores=float(os.cpu_count() or 1),
+    )
+
+
 def by_length_config(profile: Profile, replicas: int, rate: float, duration_s: float, background: float,
                      seed: int) -> SimConfig:
-    """The simulated fleet of a ``--by-length`` run: ``replicas`` behind the gateway, the profile's full mix."""
-    return SimConfig(
-        groups=(ReplicaGroup(profile, replicas),), arrivals=ArrivalConfig("poisson", rate=rate),
-        requests=max(1000, round(rate * (1.0 + duration_s))), warmup_s=1.0,
-        balancer=BalancerConfig(health_interval_s=1.0), batcher=BatcherConfig(max_batch=32, max_delay_s=0.002),
-        shared_host_cores=float(os.cpu_count() or 1), background_cores=background, split_tokens=SHORT_MAX_TOKENS,
-        seed=seed,
-    )
+    """The simulated fleet of a ``--by-length`` run: the profile's full mix, its classes reported apart."""
+    return replace(fleet_config(profile, replicas, rate, max(1000, round(rate * (1.0 + duration_s)))),
+                   background_cores=background, split_tokens=SHORT_MAX_TOKENS, seed=seed)
 
 
 def _ms(stats: dict[str, float]) -> str:
@@ -156,16 +156,9 @@ def _ms(stats: dict[str, float]) -> str:
 
 async def by_length(args: argparse.Namespace, profile: Profile) -> None:
     """Short and long texts' latencies, real and simulated, through the gateway to ``args.replicas`` replicas."""
-    ports = [free_port() for _ in range(args.replicas)]
-    urls = [f"http://127.0.0.1:{p}" for p in ports]
-    gport = free_port()
-    gateway_url = f"http://127.0.0.1:{gport}"
     async with contextlib.AsyncExitStack() as stack:
-        for p, u in zip(ports, urls, strict=True):
-            await stack.enter_async_context(process(serve(p), f"{u}/v2/health/ready"))
-        gateway = [*CLI, "gateway", *(a for u in urls for a in ("--backend", u)), "--host", "127.0.0.1",
-                   "--port", str(gport), "--health-interval", "1", *UNMODELLED_GATEWAY_ARGS]
-        await stack.enter_async_context(process(gateway, f"{gateway_url}/readyz"))
+        urls, _ = await start_replicas(stack, args.replicas)
+        gateway_url, _ = await start_gateway(stack, urls)
         await run_load(LoadConfig(url=gateway_url, concurrency=2, duration_s=1.0, workload="texts"))
         before = histogram_sums([metrics_text(u) for u in urls])
         cpu0 = time.process_time()
@@ -230,15 +223,29 @@ def serve(port: int) -> list[str]:
             "--port", str(port), "--grpc-port", "0"]
 
 
+async def start_replicas(stack: contextlib.AsyncExitStack, n: int) -> tuple[list[str], list[int]]:
+    """``n`` real replicas, stopped with ``stack``: their URLs and process ids."""
+    urls, pids = [], []
+    for _ in range(n):
+        port = free_port()
+        urls.append(f"http://127.0.0.1:{port}")
+        pids.append(await stack.enter_async_context(process(serve(port), f"{urls[-1]}/v2/health/ready")))
+    return urls, pids
+
+
+async def start_gateway(stack: contextlib.AsyncExitStack, backends: list[str]) -> tuple[str, int]:
+    """A real gateway in front of ``backends``, stopped with ``stack``: its URL and process id."""
+    port = free_port()
+    url = f"http://127.0.0.1:{port}"
+    argv = [*CLI, "gateway", *(a for u in backends for a in ("--backend", u)), "--host", "127.0.0.1",
+            "--port", str(port), "--health-interval", "1", *UNMODELLED_GATEWAY_ARGS]
+    return url, await stack.enter_async_context(process(argv, f"{url}/readyz"))
+
+
 async def main_async(args: argparse.Namespace) -> list[Run]:
-    ports = [free_port() for _ in range(args.replicas)]
-    urls = [f"http://127.0.0.1:{p}" for p in ports]
-    gport = free_port()
-    gateway_url = f"http://127.0.0.1:{gport}"
     runs: list[Run] = []
     async with contextlib.AsyncExitStack() as stack:
-        rpids = [await stack.enter_async_context(process(serve(p), f"{u}/v2/health/ready"))
-                 for p, u in zip(ports, urls, strict=True)]
+        urls, rpids = await start_replicas(stack, args.replicas)
         if args.replicas == 1:
             for rate in (None, args.rate):
                 name = f"replica alone, {'1 in flight' if rate is None else f'{rate:g} req/s Poisson'}"
@@ -246,9 +253,7 @@ async def main_async(args: argparse.Namespace) -> list[Run]:
                 show(runs[-1])
         if args.skip_gateway:
             return runs
-        gateway = [*CLI, "gateway", *(a for u in urls for a in ("--backend", u)), "--host", "127.0.0.1",
-                   "--port", str(gport), "--health-interval", "1", *UNMODELLED_GATEWAY_ARGS]
-        gpid = await stack.enter_async_context(process(gateway, f"{gateway_url}/readyz"))
+        gateway_url, gpid = await start_gateway(stack, urls)
         for rate in (None, args.rate):
             name = (f"gateway + {args.replicas} replica(s), "
                     f"{'1 in flight' if rate is None else f'{rate:g} req/s Poisson'}")
