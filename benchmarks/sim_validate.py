@@ -125,6 +125,12 @@ class Row:
                 f"{m['replica_mean_padded_len']:.1f}, queue {m['replica_queue_ms']:.1f} ms per request, replica 0's "
                 f"share of rows {m['replica0_row_share']:.1%}")
 
+    def repeat_spread(self) -> float:
+        """How far the real fleet's farthest repeat's p99 lies from their median, relative to it: the row's own
+        noise, against which the p99 error's tolerance can be read."""
+        low, high = self.measured_p99_range
+        return max(high - self.measured_p99_ms, self.measured_p99_ms - low) / self.measured_p99_ms
+
     def error(self, measured: float, predicted: float) -> float:
         return (predicted - measured) / measured if measured else float("nan")
 
@@ -154,6 +160,15 @@ def table(rows: list[Row]) -> str:
     lines = ["| " + " | ".join(HEAD) + " |", "|" + "---|" * len(HEAD)]
     lines += ["| " + " | ".join(r.cells()) + " |" for r in rows]
     return "\n".join(lines)
+
+
+def summary(rows: list[Row], tolerance: float = 0.15) -> str:
+    """How many rows' p99 the simulator predicts within ``tolerance``, and in how many rows the real fleet's own
+    repeats spread farther than that from their median."""
+    held = sum(abs(r.error(r.measured_p99_ms, r.predicted_p99_ms)) <= tolerance for r in rows)
+    noisy = sum(r.repeat_spread() > tolerance for r in rows)
+    return (f"p99 within {tolerance:.0%} in {held} of {len(rows)} rows; the real fleet's own repeats spread farther "
+            f"than {tolerance:.0%} from their median in {noisy} of {len(rows)}")
 
 
 def loadavg() -> str:
@@ -419,6 +434,7 @@ def main() -> None:
     worst_rps = max(abs(r.error(r.measured_rps, r.predicted_rps)) for r in rows)
     worst_p99 = max(abs(r.error(r.measured_p99_ms, r.predicted_p99_ms)) for r in rows)
     print(f"\nworst throughput error {worst_rps:.1%} (goal <= 10%), worst p99 error {worst_p99:.1%} (goal <= 15%)")
+    print(summary(rows))
     for c in capacities:
         print(f"{c['replicas']} replicas: open-loop capacity {capacity_line(c)}")
     args.out.write_text(json.dumps({"capacities": capacities, "rows": [r.__dict__ for r in rows]}, indent=1) + "\n")

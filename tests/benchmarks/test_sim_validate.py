@@ -62,3 +62,16 @@ def test_by_length_simulates_the_fleet_with_short_and_long_texts_apart() -> None
     result = simulate(config)
     assert set(result.latency_by_length) == {"short", "long"}
     assert result.latency_by_length["short"]["p50"] > 0 and result.latency_by_length["long"]["p50"] > 0
+
+
+def test_the_summary_counts_rows_within_the_tolerance_and_rows_whose_own_repeats_spread_farther() -> None:
+    import sim_validate
+
+    def row(measured: float, predicted: float, spread: tuple[float, float]) -> sim_validate.Row:
+        return sim_validate.Row(2, "30% load", 40.0, 40.0, 40.0, 5.0, 5.0, measured, predicted, 0, 0.0, 1.0, 1.0,
+                                predicted, spread, (predicted, predicted))
+
+    rows = [row(100.0, 110.0, (95.0, 105.0)), row(100.0, 80.0, (70.0, 101.0)), row(100.0, 114.0, (100.0, 120.0))]
+    assert rows[1].repeat_spread() == pytest.approx(0.30) and rows[2].repeat_spread() == pytest.approx(0.20)
+    assert sim_validate.summary(rows) == ("p99 within 15% in 2 of 3 rows; the real fleet's own repeats spread "
+                                          "farther than 15% from their median in 2 of 3")
