@@ -48,7 +48,9 @@ measured padded length, queue wait per request and replica 0's share of the rows
 from a wrong batch or a wrong split.
 ``--repeats N`` runs each real row N times and ``--seeds K`` simulates it K times (seeds from ``--seed``): the
 table then gives medians, and each p99 with its range, since the p99 of a run of a few thousand requests
-varies between identical runs, real and simulated alike.
+varies between identical runs, real and simulated alike. A last line counts the rows whose p99 the simulator
+held within 15% and the rows whose own real repeats spread farther than that from their median (runs 6-9 on the
+2-core VM: 20 and 23 of 32, BENCHMARKS.md §8.2).
 
     .venv/bin/python benchmarks/sim_validate.py [--profile P.json] [--replicas 2,4] [--duration 20]
                                                 [--repeats 1] [--seeds 1] [--capacity open|closed]
