@@ -48,9 +48,10 @@ measured padded length, queue wait per request and replica 0's share of the rows
 from a wrong batch or a wrong split.
 ``--repeats N`` runs each real row N times and ``--seeds K`` simulates it K times (seeds from ``--seed``): the
 table then gives medians, and each p99 with its range, since the p99 of a run of a few thousand requests
-varies between identical runs, real and simulated alike. A last line counts the rows whose p99 the simulator
-held within 15% and the rows whose own real repeats spread farther than that from their median (runs 6-9 on the
-2-core VM: 20 and 23 of 32, BENCHMARKS.md §8.2).
+varies between identical runs, real and simulated alike. The last column, a row's repeat spread, is how far its
+farthest real repeat's p99 lies from their median; a last line counts the rows whose p99 the simulator held
+within 15% and the rows whose real repeats spread farther than that (runs 6-9 on the 2-core VM: 20 and 23 of 32,
+BENCHMARKS.md §8.2).
 
     .venv/bin/python benchmarks/sim_validate.py [--profile P.json] [--replicas 2,4] [--duration 20]
                                                 [--repeats 1] [--seeds 1] [--capacity open|closed]
@@ -145,7 +146,7 @@ class Row:
                 f"{self.error(self.measured_p99_ms, self.predicted_p99_ms):+.1%}",
                 str(self.errors), f"{self.background_cores:.2f}", f"{self.generator_lag_ms:.2f}",
                 f"{self.speed:.3f}", f"{self.unprobed_p99_ms:.1f}",
-                f"{self.error(self.measured_p99_ms, self.unprobed_p99_ms):+.1%}"]
+                f"{self.error(self.measured_p99_ms, self.unprobed_p99_ms):+.1%}", f"{self.repeat_spread():.0%}"]
 
 
 def _range(bounds: tuple[float, float]) -> str:
@@ -155,7 +156,7 @@ def _range(bounds: tuple[float, float]) -> str:
 
 HEAD = ["replicas", "scenario", "offered req/s", "measured req/s", "predicted req/s", "error", "measured p50 ms",
         "predicted p50 ms", "measured p99 ms", "predicted p99 ms", "p99 error", "errors", "background cores",
-        "generator lag ms", "speed factor", "p99 without the probe ms", "its error"]
+        "generator lag ms", "speed factor", "p99 without the probe ms", "its error", "repeat spread"]
 
 
 def table(rows: list[Row]) -> str:

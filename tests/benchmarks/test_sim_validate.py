@@ -73,5 +73,6 @@ def test_the_summary_counts_rows_within_the_tolerance_and_rows_whose_own_repeats
 
     rows = [row(100.0, 110.0, (95.0, 105.0)), row(100.0, 80.0, (70.0, 101.0)), row(100.0, 114.0, (100.0, 120.0))]
     assert rows[1].repeat_spread() == pytest.approx(0.30) and rows[2].repeat_spread() == pytest.approx(0.20)
+    assert len(rows[1].cells()) == len(sim_validate.HEAD) and rows[1].cells()[-1] == "30%"
     assert sim_validate.summary(rows) == ("p99 within 15% in 2 of 3 rows; the real fleet's own repeats spread "
                                           "farther than 15% from their median in 2 of 3")
