@@ -43,20 +43,18 @@ from contextlib import asynccontextmanager
 from dataclasses import dataclass, replace
 from pathlib import Path
 
-from fleetserve.batching.config import BatcherConfig
 from fleetserve.bench.cpu import thread_cpu_seconds, tree_cpu_seconds
 from fleetserve.bench.loadgen import LoadConfig, run_load
 from fleetserve.bench.report import LoadReport
 from fleetserve.deploy.local import free_port
 from fleetserve.fleet.supervisor import http_ok
-from fleetserve.sim.arrivals import ArrivalConfig
-from fleetserve.sim.config import ReplicaGroup, SimConfig
+from fleetserve.sim.config import SimConfig
 from fleetserve.sim.costs import UNMODELLED_GATEWAY_ARGS
-from fleetserve.sim.gateway import BalancerConfig
 from fleetserve.sim.profile import LengthMix, Profile
 from fleetserve.sim.simulator import simulate
 
 from _common import histogram_means, histogram_sums, metrics_text
+from _sim_twin import local_fleet
 
 CLI = [sys.executable, "-m", "fleetserve.cli"]
 SHORT_MAX_TOKENS = 40  # the texts workload's short texts tokenize to 7-34 tokens
@@ -126,27 +124,17 @@ def predict(profile: Profile, rate: float, gateway: bool, replicas: int = 1) -> 
     mix = profile.lengths
     keep = [(v, w) for v, w in zip(mix.values, mix.weights, strict=True) if (v > SHORT_MAX_TOKENS) == (LONG[0] == 1)]
     lengths = LengthMix(tuple(v for v, _ in keep), tuple(w for _, w in keep)) if LONG[0] in (0, 1) else mix
-    config = replace(fleet_config(profile, replicas, rate, requests=3000), lengths=lengths,
+    config = replace(local_fleet(profile, replicas, rate, 3000, warmup_s=1.0), lengths=lengths,
                      gateway_cpu_s=None if gateway else 0.0, gateway_wait_s=None if gateway else 0.0)
     result = simulate(config)
     print(f"(simulated mean batch {result.mean_batch:.2f})")
     return result.latency_s["mean"], result.p("p50"), result.p("p99")
 
 
-def fleet_config(profile: Profile, replicas: int, rate: float, requests: int) -> SimConfig:
-    """The simulated fleet of the real one here: ``replicas`` behind the gateway, Poisson at ``rate``, the same
-    batcher and health interval, every process sharing this machine's cores."""
-    return SimConfig(
-        groups=(ReplicaGroup(profile, replicas),), arrivals=ArrivalConfig("poisson", rate=rate), requests=requests,
-        warmup_s=1.0, balancer=BalancerConfig(health_interval_s=1.0),
-        batcher=BatcherConfig(max_batch=32, max_delay_s=0.002), shared_host_cores=float(os.cpu_count() or 1),
-    )
-
-
 def by_length_config(profile: Profile, replicas: int, rate: float, duration_s: float, background: float,
                      seed: int) -> SimConfig:
     """The simulated fleet of a ``--by-length`` run: the profile's full mix, its classes reported apart."""
-    return replace(fleet_config(profile, replicas, rate, max(1000, round(rate * (1.0 + duration_s)))),
+    return replace(local_fleet(profile, replicas, rate, max(1000, round(rate * (1.0 + duration_s))), warmup_s=1.0),
                    background_cores=background, split_tokens=SHORT_MAX_TOKENS, seed=seed)
 
 

@@ -69,24 +69,22 @@ import subprocess
 import sys
 import time
 from collections.abc import Awaitable, Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 
-from fleetserve.batching.config import BatcherConfig
 from fleetserve.bench.cpu import tree_cpu_seconds
 from fleetserve.bench.replica_metrics import BATCH_EVENTS
 from fleetserve.bench.scenarios import ScenarioConfig, run_scenario
 from fleetserve.engine.base import Precision
 from fleetserve.engine.config import EngineConfig
-from fleetserve.sim.arrivals import ArrivalConfig
-from fleetserve.sim.config import ReplicaGroup, SimConfig
 from fleetserve.sim.costs import UNMODELLED_GATEWAY_ARGS
 from fleetserve.sim.faults import Fault
-from fleetserve.sim.gateway import BalancerConfig
 from fleetserve.sim.profile import Profile
 from fleetserve.sim.results import SimResult
 from fleetserve.sim.simulator import simulate
 from fleetserve.sim.speed import SpeedProbe
+
+from _sim_twin import local_fleet
 
 MODEL = "minilm"
 REPLICA_ARGS = ("--precision", "int8")
@@ -266,14 +264,9 @@ def predict(profile: Profile, replicas: int, rate: float, duration_s: float, bac
 
 def _simulate(profile: Profile, replicas: int, rate: float, duration_s: float, background_cores: float,
               throttle: bool, seed: int) -> SimResult:
-    config = SimConfig(
-        groups=(ReplicaGroup(profile, replicas),), arrivals=ArrivalConfig("poisson", rate=rate),
-        requests=max(1000, round(rate * (WARMUP_S + duration_s))), warmup_s=WARMUP_S,
-        balancer=BalancerConfig(health_interval_s=1.0), batcher=BatcherConfig(max_batch=32, max_delay_s=0.002),
-        shared_host_cores=float(os.cpu_count() or 1), background_cores=background_cores,
-        faults=(Fault("throttle", indices=(0,), at_s=WARMUP_S),) if throttle else (), seed=seed,
-    )
-    return simulate(config)
+    config = local_fleet(profile, replicas, rate, max(1000, round(rate * (WARMUP_S + duration_s))), WARMUP_S)
+    return simulate(replace(config, background_cores=background_cores, seed=seed,
+                            faults=(Fault("throttle", indices=(0,), at_s=WARMUP_S),) if throttle else ()))
 
 
 class Speeds:
