@@ -61,6 +61,7 @@ from pathlib import Path
 from fleetserve.bench.cpu import tree_cpu_seconds
 from fleetserve.deploy.local import EnvoyProcess, HaproxyProcess, NginxProcess, free_port
 
+import _wrk
 from _common import NotReady, http_get, stop_process, wait_ready
 
 INFER_PATH = "/v2/models/tiny/infer"
@@ -142,19 +143,6 @@ def request_body(target_bytes: int = 5000) -> bytes:
         ids.insert(-1, 1000 + (len(ids) * 7919) % 29000)
 
 
-_WRK_SCRIPT = """\
-wrk.method = "POST"
-wrk.path = "{path}"
-wrk.headers["Content-Type"] = "application/json"
-wrk.body = [==[{body}]==]
-done = function(summary, latency, requests)
-  local e = summary.errors
-  io.write(string.format(
-    '\\nRESULT {{"requests":%d,"duration_us":%d,"p50_us":%d,"p99_us":%d,"socket_errors":%d,"status_errors":%d}}\\n',
-    summary.requests, summary.duration, latency:percentile(50), latency:percentile(99),
-    e.connect + e.read + e.write + e.timeout, e.status))
-end
-"""
 
 
 @dataclass
@@ -167,18 +155,6 @@ class Run:
     errors: int
     cpu_s: float
     cpu_us_per_req: float
-
-
-def wrk(url: str, script: Path, connections: int, duration_s: float) -> dict[str, float]:
-    """One bounded wrk run; its ``done`` hook prints a RESULT line of JSON."""
-    argv = ["wrk", "-t1", f"-c{connections}", f"-d{duration_s:g}s", "--timeout", "5s", "-s", str(script),
-            url + INFER_PATH]
-    out = subprocess.run(argv, capture_output=True, text=True, timeout=duration_s + 30, check=True).stdout
-    line = next((ln for ln in out.splitlines() if ln.startswith("RESULT ")), None)
-    if line is None:
-        raise RuntimeError(f"wrk printed no result:\n{out}")
-    result: dict[str, float] = json.loads(line.removeprefix("RESULT "))
-    return result
 
 
 def _gateway_ready(url: str) -> bool:
@@ -263,9 +239,9 @@ def check_answer(name: str, url: str, args: argparse.Namespace) -> None:
 
 def load(name: str, url: str, pid: int, args: argparse.Namespace, script: Path) -> Run:
     """Warm ``url`` up, then load it for ``args.duration`` seconds and measure process ``pid``'s tree."""
-    wrk(url, script, args.connections, args.warmup)
+    _wrk.run(url + INFER_PATH, script, args.connections, args.warmup)
     cpu0 = tree_cpu_seconds(pid)
-    result = wrk(url, script, args.connections, args.duration)
+    result = _wrk.run(url + INFER_PATH, script, args.connections, args.duration)
     cpu = tree_cpu_seconds(pid) - cpu0
     requests = int(result["requests"])
     seconds = result["duration_us"] / 1e6
@@ -345,7 +321,7 @@ def main(args: argparse.Namespace) -> list[Run]:
     runs: dict[str, list[Run]] = {name: [] for name in fronts}
     with tempfile.TemporaryDirectory(prefix="fleetserve-gwcpu-") as tmp, UpstreamNginx() as upstream:
         script = Path(tmp) / "post.lua"
-        script.write_text(_WRK_SCRIPT.format(path=INFER_PATH, body=body.decode()))
+        script.write_text(_wrk.script(INFER_PATH, [body]))
         with contextlib.ExitStack() as started:
             running = {}
             if args.alternate:  # every front up at once; the load alone moves from one to the next

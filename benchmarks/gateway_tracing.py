@@ -35,9 +35,11 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
-from gateway_cpu import _WRK_SCRIPT, INFER_PATH, Run, UpstreamNginx, cpu_split, measure, request_body
+from gateway_cpu import INFER_PATH, Run, UpstreamNginx, cpu_split, measure, request_body
 
 from fleetserve.gateway.config import SERVERS
+
+import _wrk
 
 MODES = {
     "off": "--access-log-rate 0",
@@ -98,7 +100,7 @@ def main() -> None:
     with tempfile.TemporaryDirectory(prefix="fleetserve-gwtrace-") as tmp, UpstreamNginx() as upstream, \
             otlp_sink() as (sink, received):
         script = Path(tmp) / "post.lua"
-        script.write_text(_WRK_SCRIPT.format(path=INFER_PATH, body=body.decode()))
+        script.write_text(_wrk.script(INFER_PATH, [body]))
         for round_ in range(args.repeat):
             for mode in modes:
                 args.gateway_args = f"--server {args.server} " + MODES[mode].format(sink=sink)

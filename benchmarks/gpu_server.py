@@ -37,6 +37,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import random
 import resource
 import shlex
 import signal
@@ -53,8 +54,10 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
 from fleetserve.bench.cpu import busiest_threads, tree_cpu_seconds, tree_threads_cpu  # noqa: E402
+from fleetserve.bench.workloads import WorkloadConfig, make_payloads  # noqa: E402
 from fleetserve.deploy.local import free_port  # noqa: E402
 
+import _wrk  # noqa: E402
 from _common import (  # noqa: E402
     NotReady,
     histogram_means,
@@ -70,6 +73,7 @@ from _common import (  # noqa: E402
 
 CLI = [sys.executable, "-m", "fleetserve.cli"]
 WORKLOADS = ("v2-binary", "texts", "rank")
+CLIENTS = ("fleetserve", "wrk")
 EMBEDDING = "sentence_embedding"
 
 
@@ -95,6 +99,8 @@ class RunConfig:
     gateway_workers: int = 0  # 0: max(2, replicas)
     gateway_args: tuple[str, ...] = ()  # more `fleetserve gateway` flags, e.g. --server aiohttp
     bench_processes: int = 0  # 0: 2 against one replica, max(2, min(replicas, 4)) through the gateway
+    client: str = "fleetserve"  # the load generator: "fleetserve" (bench) or "wrk" (closed loop, JSON workloads)
+    wrk: str = "wrk"  # the wrk executable
     phases: tuple[str, ...] = ("raw", "replica", "fleet")
     duration_s: float = 6.0
     warmup_s: float = 1.5
@@ -109,6 +115,10 @@ class RunConfig:
     def __post_init__(self) -> None:
         if self.workload not in WORKLOADS:
             raise ValueError(f"workload must be one of {', '.join(WORKLOADS)}, got {self.workload!r}")
+        if self.client not in CLIENTS:
+            raise ValueError(f"client must be one of {', '.join(CLIENTS)}, got {self.client!r}")
+        if self.client == "wrk" and self.workload not in ("texts", "rank"):
+            raise ValueError(f"--client wrk posts JSON bodies: workload texts or rank, not {self.workload!r}")
         if unknown := set(self.phases) - {"raw", "replica", "fleet"}:
             raise ValueError(f"unknown phases {sorted(unknown)}; choose from raw, replica, fleet")
         if self.workload == "texts":
@@ -240,9 +250,9 @@ def children_cpu_s() -> float:
     return usage.ru_utime + usage.ru_stime
 
 
-def bench_point(cfg: RunConfig, url: str, concurrency: int, processes: int, servers: dict[str, list[Proc]],
-                bases: list[str], gpu: GpuSampler, tag: str, rate: float | None = None) -> dict[str, Any]:
-    """One closed-loop point at ``concurrency``, or open loop (Poisson) at ``rate`` requests/s when given."""
+def fleetserve_bench(cfg: RunConfig, url: str, concurrency: int, processes: int, tag: str,
+                     rate: float | None) -> tuple[list[str], dict[str, Any] | str]:
+    """``fleetserve bench``'s command line and its JSON report, or the end of its output if it wrote none."""
     report = cfg.work / f"bench-{tag}.json"
     load = ["--rate", str(rate), "--arrivals", "poisson"] if rate else ["--concurrency", str(concurrency)]
     argv = [*CLI, "bench", url, *load, "--duration", str(cfg.duration_s),
@@ -252,6 +262,45 @@ def bench_point(cfg: RunConfig, url: str, concurrency: int, processes: int, serv
         argv += ["--model", cfg.model, "--rows", str(cfg.rows), "--tokens", str(cfg.tokens), "--output", EMBEDDING]
     elif cfg.workload == "rank":
         argv += ["--candidates", str(cfg.candidates)]
+    done = subprocess.run(argv, capture_output=True, text=True, timeout=cfg.duration_s + cfg.warmup_s + 60)
+    if done.returncode not in (0, 1) or not report.is_file():
+        return ["fleetserve", *argv[3:]], (done.stderr or done.stdout)[-800:]
+    r: dict[str, Any] = json.loads(report.read_text())
+    report.unlink()
+    return ["fleetserve", *argv[3:]], r
+
+
+def wrk_bench(cfg: RunConfig, url: str, concurrency: int, threads: int) -> tuple[list[str], dict[str, Any] | str]:
+    """The same closed loop from ``wrk`` (``threads`` threads): a warm-up run, then the measured one (each in whole
+    seconds), posting the workload's pool of bodies in turn; the result in ``fleetserve bench``'s report keys."""
+    workload = WorkloadConfig(name=cfg.workload)
+    if cfg.workload == "rank":
+        workload = replace(workload, candidates=cfg.candidates)
+    payloads = make_payloads(workload, random.Random(0))
+    script = cfg.work / "wrk.lua"
+    script.write_text(_wrk.script(payloads[0].path, [pl.body for pl in payloads]))
+    target = url + payloads[0].path
+    command = ["wrk", f"-t{threads}", f"-c{concurrency}", f"-d{_wrk.seconds(cfg.duration_s)}s", "-s", script.name,
+               target]
+    try:
+        if cfg.warmup_s:
+            _wrk.run(target, script, concurrency, cfg.warmup_s, threads, timeout_s=30, wrk=cfg.wrk)
+        r = _wrk.run(target, script, concurrency, cfg.duration_s, threads, timeout_s=30, wrk=cfg.wrk)
+    except (OSError, RuntimeError, subprocess.SubprocessError) as exc:
+        return command, str(exc)[-800:]
+    seconds = r["duration_us"] / 1e6
+    ok = int(r["requests"] - r["status_errors"])
+    return command, {"ok": ok, "errors": int(r["status_errors"] + r["socket_errors"]), "duration_s": seconds,
+                     "errors_by_type": {"status": r["status_errors"], "socket": r["socket_errors"]},
+                     "achieved_rps": ok / seconds,
+                     "latency_s": {"p50": r["p50_us"] / 1e6, "p99": r["p99_us"] / 1e6, "mean": r["mean_us"] / 1e6}}
+
+
+def bench_point(cfg: RunConfig, url: str, concurrency: int, processes: int, servers: dict[str, list[Proc]],
+                bases: list[str], gpu: GpuSampler, tag: str, rate: float | None = None) -> dict[str, Any]:
+    """One closed-loop point at ``concurrency``, or open loop (Poisson) at ``rate`` requests/s when given; the
+    load from ``fleetserve bench`` (``processes`` processes) or with ``cfg.client`` "wrk" from ``wrk`` (as many
+    threads)."""
     metrics = {"replica": bases, "gateway": [url] if "gateway" in servers else []}
     before = {k: [metrics_text(u) for u in v] for k, v in metrics.items()}
     cpu0 = {k: sum(tree_cpu_seconds(p.popen.pid) for p in v) for k, v in servers.items()}
@@ -259,14 +308,18 @@ def bench_point(cfg: RunConfig, url: str, concurrency: int, processes: int, serv
     # A replica's own process alone: with --frontends, the engine process (its front ends are its children).
     root0 = sum(process_cpu_s(p.popen.pid) for p in servers.get("replica", []))
     m0, t0, kids0 = machine_cpu_s(), time.monotonic(), children_cpu_s()
-    done = subprocess.run(argv, capture_output=True, text=True, timeout=cfg.duration_s + cfg.warmup_s + 60)
+    if cfg.client == "wrk":
+        command, r = wrk_bench(cfg, url, concurrency, processes) if rate is None else (
+            ["wrk"], "wrk runs a closed loop only, not an open-loop rate")
+    else:
+        command, r = fleetserve_bench(cfg, url, concurrency, processes, tag, rate)
     t1 = time.monotonic()
     bench_cpu = children_cpu_s() - kids0
     wall = t1 - t0
     # The measured window ends when the generator stops sending, just before it writes its report.
     window = gpu.window(t1 - 0.3 - cfg.duration_s, t1 - 0.3)
     after = {k: [metrics_text(u) for u in v] for k, v in metrics.items()}
-    point: dict[str, Any] = {"command": " ".join(["fleetserve", *argv[3:]]), "concurrency": concurrency, "rate": rate,
+    point: dict[str, Any] = {"command": " ".join(command), "concurrency": concurrency, "rate": rate,
                              **window, "stage_ms": stage_means_ms(before, after)}
     point["busiest_threads"] = {
         k: busiest_threads(threads0[k], {key: t for p in v for key, t in tree_threads_cpu(p.popen.pid).items()}, wall)
@@ -280,16 +333,14 @@ def bench_point(cfg: RunConfig, url: str, concurrency: int, processes: int, serv
     gauges = [a["fleetserve_gpu_utilization_ratio"] for a in replicas_after if "fleetserve_gpu_utilization_ratio" in a]
     point["replica_gpu_gauge"] = max(gauges) if gauges else None
     point["bench_cores"] = bench_cpu / wall  # the generator's processes, start-up included
-    if done.returncode not in (0, 1) or not report.is_file():
-        point["error"] = (done.stderr or done.stdout)[-800:]
+    if isinstance(r, str):
+        point["error"] = r
         return point
-    r = json.loads(report.read_text())
     lat = r["latency_s"]
     point.update({"ok": r["ok"], "errors": r["errors"], "errors_by_type": r["errors_by_type"],
                   "req_per_s": r["achieved_rps"], "seq_per_s": r["ok"] / r["duration_s"] * cfg.rows,
                   "p50_ms": (lat.get("p50") or 0) * 1e3, "p99_ms": (lat.get("p99") or 0) * 1e3,
                   "mean_ms": (lat.get("mean") or 0) * 1e3})
-    report.unlink()
     return point
 
 
@@ -488,6 +539,7 @@ def markdown(results: dict[str, Any]) -> str:
              "rank": f"one query + {conf.get('candidates')} candidates per /inference request (search mix)"}.get(
         conf.get("workload", ""), f"rows {conf['rows']} x tokens {conf['tokens']} per request")
     lines = [f"GPU server run: {results['gpu']}; {conf['model']} {conf['precision']}; {shape}; "
+             f"load from {conf.get('client', 'fleetserve')}; "
              f"budget {conf['budget_s']:.0f} s, " + (f"servers from {conf['tree']}, " if conf.get("tree") else "") +
              f"took {results.get('elapsed_s', 0):.0f} s", "", f"build: `{results['build'].get('command')}` "
              f"ok={results['build'].get('ok')} seeded={results['build'].get('seeded_store')}", "",
@@ -550,7 +602,10 @@ def parse_args(argv: list[str] | None = None) -> tuple[RunConfig, argparse.Names
     p.add_argument("--serve-args", type=shlex.split, help="more `fleetserve serve` flags for every replica")
     p.add_argument("--gateway-workers", type=int)
     p.add_argument("--gateway-args", type=shlex.split, help="more `fleetserve gateway` flags, e.g. '--server aiohttp'")
-    p.add_argument("--bench-processes", type=int)
+    p.add_argument("--bench-processes", type=int, help="the load generator's processes (with --client wrk: threads)")
+    p.add_argument("--client", choices=CLIENTS, help="load generator: fleetserve bench (default) or wrk, closed loop, "
+                   "texts and rank workloads")
+    p.add_argument("--wrk", help="the wrk executable (default: wrk on PATH)")
     p.add_argument("--instances", type=ints)
     p.add_argument("--concurrency", type=ints)
     p.add_argument("--replicas", type=ints)
@@ -574,6 +629,7 @@ def parse_args(argv: list[str] | None = None) -> tuple[RunConfig, argparse.Names
                  "phases": args.phases, "fleet_instances": args.fleet_instances,
                  "serve_args": None if args.serve_args is None else tuple(args.serve_args),
                  "gateway_workers": args.gateway_workers, "bench_processes": args.bench_processes,
+                 "client": args.client, "wrk": args.wrk,
                  "gateway_args": None if args.gateway_args is None else tuple(args.gateway_args),
                  "instances": args.instances, "concurrency": args.concurrency,
                  "replicas": args.replicas,
