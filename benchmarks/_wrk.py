@@ -2,9 +2,10 @@
 
 :func:`script` writes a Lua script that posts a pool of bodies in turn (each thread starting at another place
 in the pool) and prints one ``RESULT`` line of JSON when done; :func:`run` runs one bounded ``wrk`` with it and
-returns that line. A generator in C spends a few microseconds per request where ``fleetserve bench`` (Python)
-spends 60-100; on a host whose cores the servers under test share, that is CPU left to them and event-loop
-waits left out of the latencies.
+returns that line. Against one replica on the 2-core box (the search mix, 16 in flight, 6 s, twice), wrk spent
+45-50 µs of CPU per request where ``fleetserve bench`` (Python) spent 190-214 (its start-up included); on a host
+whose cores the servers under test share, that is CPU left to them, and its event loops' waits are left out of
+the latencies.
 
 Scripts run as ``python benchmarks/NAME.py``, which puts this folder on ``sys.path``: they import it as ``_wrk``.
 """
