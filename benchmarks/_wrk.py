@@ -5,7 +5,7 @@ in the pool) and prints one ``RESULT`` line of JSON when done; :func:`run` runs 
 returns that line. Against one replica on the 2-core box (the search mix, 16 in flight, 6 s, twice), wrk spent
 45-50 µs of CPU per request where ``fleetserve bench`` (Python) spent 190-214 (its start-up included); on a host
 whose cores the servers under test share, that is CPU left to them, and its event loops' waits are left out of
-the latencies.
+the latencies. (On a 16-core GPU host it served the same single-text fleet no faster: BENCHMARKS.md §10.15.)
 
 Scripts run as ``python benchmarks/NAME.py``, which puts this folder on ``sys.path``: they import it as ``_wrk``.
 """
