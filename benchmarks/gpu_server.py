@@ -29,6 +29,7 @@ rewritten after every point and ``gpu_server.md`` at the end, under ``--out`` (d
     python3 benchmarks/gpu_server.py                    # the H200 run (about 5 minutes)
     python3 benchmarks/gpu_server.py --model minilm --workload texts --phases fleet --replicas 4,6 \
         --fleet-concurrency 256 --gateway-workers 4 --bench-processes 4   # one text per request
+    python3 benchmarks/gpu_server.py --workload texts --client wrk ...   # the same closed loop from wrk (C)
     python3 benchmarks/gpu_server.py --cpu-smoke        # the orchestration on CPU with the tiny model
 """
 
