@@ -50,6 +50,7 @@ from fleetserve.deploy.local import free_port
 from fleetserve.fleet.supervisor import http_ok
 from fleetserve.sim.config import SimConfig
 from fleetserve.sim.costs import UNMODELLED_GATEWAY_ARGS
+from fleetserve.sim.gateway import DEFAULT_POLICY, policy_names
 from fleetserve.sim.profile import LengthMix, Profile
 from fleetserve.sim.simulator import simulate
 
@@ -132,10 +133,13 @@ def predict(profile: Profile, rate: float, gateway: bool, replicas: int = 1) -> 
 
 
 def by_length_config(profile: Profile, replicas: int, rate: float, duration_s: float, background: float,
-                     seed: int) -> SimConfig:
-    """The simulated fleet of a ``--by-length`` run: the profile's full mix, its classes reported apart."""
-    return replace(local_fleet(profile, replicas, rate, max(1000, round(rate * (1.0 + duration_s))), warmup_s=1.0),
-                   background_cores=background, split_tokens=SHORT_MAX_TOKENS, seed=seed)
+                     seed: int, policy: str | None = None) -> SimConfig:
+    """The simulated fleet of a ``--by-length`` run: the profile's full mix, its classes reported apart; with
+    ``policy``, the gateway's balancing policy instead of the default."""
+    config = local_fleet(profile, replicas, rate, max(1000, round(rate * (1.0 + duration_s))), warmup_s=1.0)
+    if policy is not None:
+        config = replace(config, balancer=replace(config.balancer, policy=policy))
+    return replace(config, background_cores=background, split_tokens=SHORT_MAX_TOKENS, seed=seed)
 
 
 def _ms(stats: dict[str, float]) -> str:
@@ -146,7 +150,7 @@ async def by_length(args: argparse.Namespace, profile: Profile) -> None:
     """Short and long texts' latencies, real and simulated, through the gateway to ``args.replicas`` replicas."""
     async with contextlib.AsyncExitStack() as stack:
         urls, _ = await start_replicas(stack, args.replicas)
-        gateway_url, _ = await start_gateway(stack, urls)
+        gateway_url, _ = await start_gateway(stack, urls, () if args.policy is None else ("--policy", args.policy))
         await run_load(LoadConfig(url=gateway_url, concurrency=2, duration_s=1.0, workload="texts"))
         before = histogram_sums([metrics_text(u) for u in urls])
         cpu0 = time.process_time()
@@ -159,7 +163,8 @@ async def by_length(args: argparse.Namespace, profile: Profile) -> None:
     sent = sum(r.sent for r in reports)
     lag = sum(r.schedule_lag_mean_s * r.sent for r in reports) / max(1, sent)
     compute = histogram_means(before, after).get("fleetserve_request_duration_seconds{stage=compute}", float("nan"))
-    print(f"## gateway + {args.replicas} replicas, {args.rate:g} req/s Poisson, {args.long_fraction:.0%} long: "
+    print(f"## gateway ({args.policy or DEFAULT_POLICY}) + {args.replicas} replicas, {args.rate:g} req/s Poisson, "
+          f"{args.long_fraction:.0%} long: "
           f"{sum(r.achieved_rps for r in reports):.1f} req/s, {sum(r.errors for r in reports)} errors, generator "
           f"lag {lag * 1e3:.2f} ms (added to the simulated latencies), engine call {compute * 1e3:.2f} ms per request")
     print("| | short p50 / p90 / p99 ms | long p50 / p90 / p99 ms | engine call ms per request |\n|---|---|---|---|")
@@ -167,7 +172,8 @@ async def by_length(args: argparse.Namespace, profile: Profile) -> None:
     print(f"| measured | {_ms(short)} | {_ms(long)} | {compute * 1e3:.2f} |")
     background = args.rate * generator_s / max(1, sent)
     for seed in range(args.seeds):
-        result = simulate(by_length_config(profile, args.replicas, args.rate, args.duration, background, seed))
+        result = simulate(by_length_config(profile, args.replicas, args.rate, args.duration, background, seed,
+                                           args.policy))
         classes = {k: {q: v + lag for q, v in stats.items()} for k, stats in result.latency_by_length.items()}
         print(f"| simulated, seed {seed} | {_ms(classes['short'])} | {_ms(classes['long'])} | "
               f"{result.engine_s_per_request * 1e3:.2f} |")
@@ -221,12 +227,14 @@ async def start_replicas(stack: contextlib.AsyncExitStack, n: int) -> tuple[list
     return urls, pids
 
 
-async def start_gateway(stack: contextlib.AsyncExitStack, backends: list[str]) -> tuple[str, int]:
-    """A real gateway in front of ``backends``, stopped with ``stack``: its URL and process id."""
+async def start_gateway(stack: contextlib.AsyncExitStack, backends: list[str],
+                        extra: tuple[str, ...] = ()) -> tuple[str, int]:
+    """A real gateway in front of ``backends`` (with ``extra`` options), stopped with ``stack``: its URL and
+    process id."""
     port = free_port()
     url = f"http://127.0.0.1:{port}"
     argv = [*CLI, "gateway", *(a for u in backends for a in ("--backend", u)), "--host", "127.0.0.1",
-            "--port", str(port), "--health-interval", "1", *UNMODELLED_GATEWAY_ARGS]
+            "--port", str(port), "--health-interval", "1", *UNMODELLED_GATEWAY_ARGS, *extra]
     return url, await stack.enter_async_context(process(argv, f"{url}/readyz"))
 
 
@@ -262,6 +270,8 @@ def main() -> None:
                     help="short and long texts' latencies apart, through the gateway (the full mix; see above)")
     ap.add_argument("--seeds", type=int, default=3, help="--by-length: simulated runs")
     ap.add_argument("--seed", type=int, default=11, help="--by-length: the load generators' seed")
+    ap.add_argument("--policy", choices=policy_names(), help="--by-length: the balancing policy of the real "
+                    "gateway and the simulated one alike (default: the gateway's default)")
     args = ap.parse_args()
     if args.by_length and not 0 < args.long_fraction < 1:
         ap.error("--by-length needs 0 < --long-fraction < 1")

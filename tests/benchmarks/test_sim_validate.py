@@ -62,6 +62,9 @@ def test_by_length_simulates_the_fleet_with_short_and_long_texts_apart() -> None
     result = simulate(config)
     assert set(result.latency_by_length) == {"short", "long"}
     assert result.latency_by_length["short"]["p50"] > 0 and result.latency_by_length["long"]["p50"] > 0
+    assert config.balancer.policy == "p2c-peak-ewma"
+    assert sim_breakdown.by_length_config(profile, 2, 30.0, 3.0, 0.1, seed=1, policy="round-robin").balancer.policy \
+        == "round-robin"
 
 
 def test_the_summary_counts_rows_within_the_tolerance_and_rows_whose_own_repeats_spread_farther() -> None:
