@@ -167,6 +167,13 @@ def stop_process(proc: subprocess.Popen[Any], grace_s: float, *, term_group: boo
         proc.wait()
 
 
+def nearest_rank(values: Sequence[float], q: float) -> float:
+    """The ``q``-th percentile (0-100) of non-empty ``values`` by the nearest-rank rule: an observed value, never an
+    interpolation between two."""
+    ordered = sorted(values)
+    return ordered[min(len(ordered) - 1, int(q / 100 * len(ordered)))]
+
+
 def markdown_table(head: Sequence[str], rows: Sequence[Sequence[str]], align: str | Sequence[str] = "---") -> str:
     """A Markdown table; ``align`` is one separator cell for every column (``---``, ``---:``) or one each."""
     cells = [align] * len(head) if isinstance(align, str) else list(align)

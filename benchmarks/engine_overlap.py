@@ -28,7 +28,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from fleetserve.engine.config import EngineConfig, Precision
 
-from _common import cpu_model, markdown_table
+from _common import cpu_model, markdown_table, nearest_rank
 
 KINDS = ("short", "long")
 
@@ -101,8 +101,8 @@ def main(argv: list[str] | None = None) -> int:
     for mix, times in results:
         share = max(1.0, len(mix) * args.threads / cores)
         for kind in dict.fromkeys(mix):
-            t = sorted(times[kind])
-            median, p90 = statistics.median(t), t[min(len(t) - 1, int(0.9 * len(t)))]
+            t = times[kind]
+            median, p90 = statistics.median(t), nearest_rank(t, 90)
             ratio = f"{median / alone[kind]:.2f}" if kind in alone else "—"
             rows.append(["+".join(mix), kind, str(len(t)), f"{median * 1e3:.2f}", f"{p90 * 1e3:.2f}", ratio,
                          f"{share:.2f}"])

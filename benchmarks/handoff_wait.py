@@ -23,7 +23,7 @@ import socket
 import statistics
 import time
 
-from _common import cpu_model, markdown_table
+from _common import cpu_model, markdown_table, nearest_rank
 
 
 def _spin_until(t: float) -> None:
@@ -63,11 +63,6 @@ def round_trips(conn: socket.socket, rate: float, seconds: float, seed: int) -> 
     return out
 
 
-def percentile(values: list[float], q: float) -> float:
-    ordered = sorted(values)
-    return ordered[min(len(ordered) - 1, int(q / 100 * len(ordered)))]
-
-
 def measure(share: float, args: argparse.Namespace) -> dict[str, float]:
     """One row: the box ``share`` busy (over ``--busy`` processes) while the round trips run."""
     cores = os.cpu_count() or 1
@@ -90,8 +85,8 @@ def measure(share: float, args: argparse.Namespace) -> dict[str, float]:
         for w in workers:
             w.join(timeout=args.seconds + 5)
     us = [t * 1e6 for t in trips]
-    return {"share": share, "duty": duty, "n": len(us), "mean": statistics.fmean(us), "p50": percentile(us, 50),
-            "p99": percentile(us, 99), "p999": percentile(us, 99.9)}
+    return {"share": share, "n": len(us), "mean": statistics.fmean(us), "p50": nearest_rank(us, 50),
+            "p99": nearest_rank(us, 99), "p999": nearest_rank(us, 99.9)}
 
 
 def main(argv: list[str] | None = None) -> int:
