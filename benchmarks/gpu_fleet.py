@@ -270,7 +270,7 @@ def main(argv: list[str] | None = None) -> int:
                                "config": asdict(fc), "scale": [], "throttle": []}
     try:
         if cfg.backend == "torch-cuda":
-            gs.seed_store(cfg)
+            gs.seed_store(cfg.model, cfg.home)
         results["build"] = gs.run_build(cfg, deadline)
         if "scale" in fc.phases:
             run_scale(fc, gpu_counts(present, fc.gpus), present, deadline, gpu, results)

@@ -184,7 +184,7 @@ def server(cfg: RunConfig, replicas_n: int, instances: int) -> list[dict[str, An
 
     from _common import mean_batch, scrape
 
-    seed_store(cfg)  # the torch-cuda build reads the zoo's PyTorch model: no ONNX export of 1.3 GB
+    seed_store(cfg.model, cfg.home)  # the torch-cuda build reads the zoo's PyTorch model: no ONNX export of 1.3 GB
     cli = [sys.executable, "-m", "fleetserve.cli"]
     # The first replica builds the engine into the store; the others start once it is there and load it.
     replicas: list[Proc] = []
@@ -259,10 +259,18 @@ def server(cfg: RunConfig, replicas_n: int, instances: int) -> list[dict[str, An
 def markdown(results: dict[str, Any]) -> str:
     cfg = results["config"]
     lines = [f"MLPerf-style BERT-Large: {results.get('gpu')}; {cfg['model']}, max {cfg['max_seq']} tokens, batch "
-             f"{cfg['max_batch']}, {cfg['instances']} instances", "",
-             "| offline | samples/s | mean tokens | padding | held-out cosine vs fp32 | MLPerf v4.0 one H100 |",
+             f"{cfg['max_batch']}, {cfg['instances']} instances"]
+    if "offline" in cfg["phases"]:
+        lines += _offline_lines(results.get("offline", []))
+    if "server" in cfg["phases"]:
+        lines += _server_lines(results.get("server", []), cfg)
+    return "\n".join(lines) + "\n"
+
+
+def _offline_lines(offline: list[dict[str, Any]]) -> list[str]:
+    lines = ["", "| offline | samples/s | mean tokens | padding | held-out cosine vs fp32 | MLPerf v4.0 one H100 |",
              "|---|---:|---:|---:|---:|---|"]
-    for r in results.get("offline", []):
+    for r in offline:
         if "error" in r:
             lines.append(f"| {r.get('precision')} | failed: {r['error'][-200:]} | | | | |")
             continue
@@ -271,14 +279,18 @@ def markdown(results: dict[str, Any]) -> str:
         cos = r["accuracy"].get("mean_cosine")
         lines.append(f"| {r['precision']} | {r['samples_per_s']:,.0f} | {r['mean_tokens']:.0f} | "
                      f"{100 * r['padding_overhead']:.0f}% | {'' if cos is None else f'{cos:.4f}'} | {ref:,} |")
+    return lines
+
+
+def _server_lines(server: list[dict[str, Any]], cfg: dict[str, Any]) -> list[str]:
     buckets = ",".join(map(str, cfg["server_seq_buckets"]))
-    lines += ["", f"server ({cfg['server_precision']}, replicas sharing the GPU behind the gateway, buckets {buckets}, "
+    lines = ["", f"server ({cfg['server_precision']}, replicas sharing the GPU behind the gateway, buckets {buckets}, "
               f"--max-delay-ms {cfg['server_max_delay_ms']:g} --promote-overdue "
               f"--frontends {cfg.get('server_frontends', 0)}; Poisson; p99 bound "
               f"{cfg['p99_ms']:.0f} ms):", "",
               "| replicas x instances | offered/s | achieved/s | p50 ms | p99 ms | errors | within bound | mean batch "
               "| GPU util | replica cores | gateway cores |", "|---|---:|---:|---:|---:|---:|---|---:|---:|---:|---:|"]
-    for p in results.get("server", []):
+    for p in server:
         fleet = f"{p.get('replicas', '?')} x {p.get('instances', '?')}"
         if "error" in p:
             lines.append(f"| {fleet} | {p.get('rate', '')} | failed: {p['error'][-200:]} | | | | |")
@@ -290,10 +302,9 @@ def markdown(results: dict[str, Any]) -> str:
                                         ("gateway_cores", 1)))
         lines.append(f"| {fleet} | {p['rate']:,.0f} | {p['achieved']:,.0f} | {p['p50_ms']:.1f} | {p['p99_ms']:.1f} | "
                      f"{p['errors']}{kinds} | {'yes' if ok else 'no'} | {extra} |")
-    best = server_result(results.get("server", []), cfg["p99_ms"])
+    best = server_result(server, cfg["p99_ms"])
     ref = REFERENCES["server"]["99% (INT8/FP8)" if cfg["server_precision"] in ("fp8", "int8") else "99.9% (FP16)"]
-    lines += ["", f"server result: {best:,.0f} samples/s within the bound (MLPerf v4.0 one H100: {ref:,})"]
-    return "\n".join(lines) + "\n"
+    return [*lines, "", f"server result: {best:,.0f} samples/s within the bound (MLPerf v4.0 one H100: {ref:,})"]
 
 
 def server_result(points: list[dict[str, Any]], p99_ms: float) -> float:

@@ -427,7 +427,7 @@ def run_build(cfg: RunConfig, deadline: Deadline) -> dict[str, Any]:
     out: dict[str, Any] = {"command": " ".join(["fleetserve", *argv[3:]]), "ok": ok, "seconds": time.monotonic() - t0}
     if not ok:
         out["failure"] = tail
-        seed_store(cfg)
+        seed_store(cfg.model, cfg.home)
         done = subprocess.run(argv, capture_output=True, text=True, timeout=min(100.0, deadline.left()))
         out["seeded_store"] = done.returncode == 0
         if done.returncode != 0:
@@ -435,16 +435,17 @@ def run_build(cfg: RunConfig, deadline: Deadline) -> dict[str, Any]:
     return out
 
 
-def seed_store(cfg: RunConfig) -> None:
-    """A store entry without an ONNX export; the torch-cuda build reads the zoo's PyTorch model, not the graph."""
+def seed_store(model: str, home: Path) -> None:
+    """A store entry for ``model`` under ``home`` without an ONNX export; the torch-cuda build reads the zoo's
+    PyTorch model, not the graph."""
     import shutil
 
     from fleetserve.models.store import ModelMeta
     from fleetserve.models.weights import minilm_dir
     from fleetserve.models.zoo import get_zoo_model
 
-    zoo = get_zoo_model(cfg.model)
-    directory = cfg.home / "models" / zoo.name
+    zoo = get_zoo_model(model)
+    directory = home / "models" / zoo.name
     directory.mkdir(parents=True, exist_ok=True)
     (directory / "model.onnx").write_bytes(f"placeholder: {zoo.name} for torch-cuda\n".encode())
     shutil.copy(minilm_dir() / "tokenizer.json", directory / "tokenizer.json")
@@ -657,7 +658,7 @@ def main(argv: list[str] | None = None) -> int:
     results: dict[str, Any] = {"gpu": name, "config": asdict(cfg), "replica": [], "fleet": []}
     try:
         if args.seed_store:
-            seed_store(cfg)
+            seed_store(cfg.model, cfg.home)
         results["build"] = run_build(cfg, deadline)
         print("build:", results["build"], flush=True)
         if "raw" in cfg.phases:

@@ -168,6 +168,9 @@ def test_gpu_mlperf_plans_padded_batches_and_reports_against_mlperf() -> None:
     assert "| fp8:attention=triton | 9,200 | 185 | 10% | 0.9920 | 9,081 |" in text  # an option keeps its tier
     assert "| 3 x 2 | 1,000 | 999 | 20.0 | 60.0 | 0 | yes |  |  |  |  |" in text
     assert "server result: 999 samples/s within the bound (MLPerf v4.0 one H100: 6,096)" in text
+    only_offline = gm.asdict(gm.parse_args(["--phases", "offline"]))
+    text = gm.markdown({"gpu": "NVIDIA H200", "config": only_offline, "offline": offline, "server": []})
+    assert "| fp16 | 8,100 |" in text and "server" not in text  # a phase not run gets no table and no verdict
 
 
 def test_gpu_prepare_pins_the_installed_versions_and_writes_an_env_script(tmp_path: Path) -> None:
