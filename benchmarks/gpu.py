@@ -43,6 +43,8 @@ from fleetserve.models.torch_models import load_torch_model
 from fleetserve.models.weights import minilm_dir
 from fleetserve.telemetry.gpu import GpuMonitor
 
+from _common import nearest_rank
+
 SEQ = 128
 NAMES = ("input_ids", "attention_mask", "token_type_ids")
 ROOT = Path(__file__).resolve().parent.parent
@@ -59,9 +61,8 @@ def bench_inputs(batch: int) -> dict[str, np.ndarray]:
 
 
 def summary(ms: list[float], batch: int) -> dict[str, float]:
-    ms = sorted(ms)
     median = statistics.median(ms)
-    return {"median_ms": median, "p99_ms": ms[min(len(ms) - 1, int(0.99 * len(ms)))],
+    return {"median_ms": median, "p99_ms": nearest_rank(ms, 99),
             "seq_per_s": batch / median * 1000.0, "runs": len(ms)}
 
 

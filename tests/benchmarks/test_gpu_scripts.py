@@ -109,6 +109,7 @@ def test_gpu_engine_script_parses_and_reports() -> None:
     args = gpu.parse_args(["--models", "bert-base", "--engines", "fp8,bert-base/fp8:ffn1=triton", "--batches", "128"])
     assert gpu.engines_for("bert-base", args.engines) == ["fp8", "fp8:ffn1=triton"]
     assert gpu.engines_for("minilm", args.engines) == ["fp8"]
+    assert gpu.summary([9.0] + [1.0] * 99, 4) == {"median_ms": 1.0, "p99_ms": 9.0, "seq_per_s": 4000.0, "runs": 100}
     timing = {"median_ms": 5.0, "p99_ms": 5.5, "seq_per_s": 25600.0}
     cos = {"mean_cosine": 0.998, "min_cosine": 0.997}
     result = {"gpu": "NVIDIA H200", "torch": "2.11", "cuda": "13.0", "seq": 128, "nvml_idle": [],
