@@ -31,6 +31,7 @@ from fleetserve.engine.config import EngineConfig, Precision
 from _common import cpu_model, markdown_table, nearest_rank
 
 KINDS = ("short", "long")
+START_TIMEOUT_S = 120.0  # for every engine process of a mix to load and reach the start
 
 
 def calls(config: EngineConfig, threads: int, tokens: int, seconds: float, seed: int, start: Barrier,
@@ -57,7 +58,9 @@ def calls(config: EngineConfig, threads: int, tokens: int, seconds: float, seed:
 def run_mix(mix: list[str], args: argparse.Namespace) -> dict[str, list[float]]:
     """Every process of ``mix`` at once; each kind's call times, pooled over its processes."""
     config = EngineConfig(model=args.model, precision=Precision(args.precision))
-    start = mp.Barrier(len(mix))
+    # Bounded: an engine process that dies while loading breaks the barrier for the others instead of
+    # leaving them (and this process, waiting for their times) blocked for good.
+    start = mp.Barrier(len(mix), timeout=START_TIMEOUT_S)
     procs, pipes = [], []
     for i, kind in enumerate(mix):
         recv, send = mp.Pipe(duplex=False)
@@ -68,8 +71,13 @@ def run_mix(mix: list[str], args: argparse.Namespace) -> dict[str, list[float]]:
         procs.append(p)
         pipes.append((kind, recv))
     out: dict[str, list[float]] = {k: [] for k in mix}
-    for kind, recv in pipes:
-        out[kind] += recv.recv()
+    try:
+        for kind, recv in pipes:
+            out[kind] += recv.recv()
+    except EOFError:
+        codes = [p.join(timeout=START_TIMEOUT_S) or p.exitcode for p in procs]
+        raise SystemExit(f"mix {'+'.join(mix)}: an engine process ended without its call times "
+                         f"(exit codes {codes})") from None
     for p in procs:
         p.join(timeout=60)
     return out

@@ -21,3 +21,5 @@ def test_each_mix_reports_each_kind_against_its_time_alone(capsys: pytest.Captur
     assert rows[2][6].rstrip(" |") == f"{max(1.0, 3 / eo.os.cpu_count()):.2f}"
     with pytest.raises(SystemExit):
         eo.main(["--mixes", "short+medium"])
+    with pytest.raises(SystemExit, match="ended without its call times"):  # a failed load ends the mix, no hang
+        eo.main(["--model", "nosuchmodel", "--mixes", "short+long", "--seconds", "0.2"])
